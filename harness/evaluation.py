@@ -1,0 +1,60 @@
+"""Evaluation: greedy pass@1 on the fixed eval set, optional k samples for mean@k / pass@k."""
+
+from __future__ import annotations
+
+import torch
+
+from harness.algo import pass_at_k
+from harness.rollout import SamplingParams
+
+
+def evaluate(task, backend, tokenizer, problems, *, max_new_tokens: int, num_samples: int = 0,
+             temperature: float = 1.0, batch_size: int = 64, log_samples: int = 8):
+    """Score the policy on ``problems``.
+
+    Args:
+        task: the :class:`harness.tasks.Task` (prompt + verifier).
+        backend: a rollout backend (``generate``).
+        problems: the fixed eval problems.
+        max_new_tokens: generation budget (tokens).
+        num_samples: k > 0 also samples k completions per problem at ``temperature`` and
+            reports mean@k and unbiased pass@k (Chen et al. 2021, eq. 1).
+        batch_size: prompts per generate call.
+        log_samples: number of (prompt, completion, reward) rows returned for the artifact table.
+    Returns:
+        (metrics dict with ``eval/accuracy``, ``eval/format_rate``[, ``eval/mean_at_k``,
+        ``eval/pass_at_k``, ``eval/num_samples``], list of sample rows).
+    """
+    prompts = [task.prompt(p, tokenizer) for p in problems]
+    golds = [p.gold for p in problems]
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
+    texts, lengths = [], []
+    for s in range(0, len(prompts), batch_size):
+        out = backend.generate(prompts[s : s + batch_size], 1, greedy)
+        texts += out.texts
+        lengths += out.completion_mask.sum(1).tolist()
+    verdicts = task.score(texts, golds)
+    n = max(len(problems), 1)
+    metrics = {
+        "eval/accuracy": sum(v.correct for v in verdicts) / n,
+        "eval/format_rate": sum(v.formatted for v in verdicts) / n,
+        "eval/completion_len_mean": sum(lengths) / n,
+    }
+    rows = [
+        {"problem_id": p.id, "prompt": p.question, "completion": t, "gold": p.gold,
+         "extracted": v.extracted, "correct": v.correct}
+        for p, t, v in list(zip(problems, texts, verdicts))[:log_samples]
+    ]
+    if num_samples > 0:
+        params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
+        per_prompt = max(1, batch_size // num_samples)
+        correct = []
+        for s in range(0, len(prompts), per_prompt):
+            out = backend.generate(prompts[s : s + per_prompt], num_samples, params)
+            gs = [g for g in golds[s : s + per_prompt] for _ in range(num_samples)]
+            correct += [v.correct for v in task.score(out.texts, gs)]
+        c = torch.tensor(correct, dtype=torch.float32).view(len(problems), num_samples)
+        metrics["eval/mean_at_k"] = float(c.mean())
+        metrics["eval/pass_at_k"] = sum(pass_at_k(num_samples, int(x), num_samples) for x in c.sum(1)) / n
+        metrics["eval/num_samples"] = num_samples
+    return metrics, rows

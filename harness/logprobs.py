@@ -1,0 +1,116 @@
+"""Per-token log-probabilities of completions under a causal LM, without full-batch logits.
+
+Training forward passes rebuild exactly what sampling saw: the left-padded prompt followed
+by the completion, the same attention mask and the same position ids (``cumsum(mask) - 1``,
+as transformers ``generate`` computes them), and logits divided by the sampling temperature,
+so that on-policy the ratio pi/pi_old is exactly 1.
+
+Memory: the ``[B, T, V]`` logits tensor (49,152 x 4 bytes per token for SmolLM2) is never
+built for the whole batch. The LM head runs over chunks of ``chunk`` tokens under activation
+checkpointing, so each chunk's logits live only while that chunk is processed (forward and
+again in backward).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+
+def build_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask):
+    """Concatenate prompt and completion.
+
+    Args:
+        prompt_ids, prompt_mask: ``[B, Tp]`` left-padded.
+        completion_ids, completion_mask: ``[B, Tc]`` right-padded.
+    Returns:
+        ``input_ids [B, Tp+Tc]``, ``attention_mask [B, Tp+Tc]``, ``position_ids [B, Tp+Tc]``.
+    """
+    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+    attention_mask = torch.cat([prompt_mask, completion_mask], dim=1).long()
+    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+    return input_ids, attention_mask, position_ids
+
+
+def backbone(model):
+    """The transformer body of a ``*ForCausalLM`` (``model.model`` for Llama/Qwen)."""
+    return model.get_decoder() if hasattr(model, "get_decoder") else model.base_model
+
+
+def completion_hidden(model, prompt_ids, prompt_mask, completion_ids, completion_mask):
+    """Hidden states that predict each completion token.
+
+    Returns:
+        ``[B, Tc, H]``: the state at position ``Tp - 1 + t`` predicts completion token ``t``.
+    """
+    input_ids, attention_mask, position_ids = build_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask)
+    out = backbone(model)(input_ids=input_ids, attention_mask=attention_mask,
+                          position_ids=position_ids, use_cache=False)
+    tp = prompt_ids.shape[1]
+    return out.last_hidden_state[:, tp - 1 : -1]
+
+
+def _chunk_logprobs(hidden, weight, bias, targets, temperature: float, with_entropy: bool):
+    logits = F.linear(hidden, weight, bias).float() / temperature  # [B, c, V]
+    logz = torch.logsumexp(logits, dim=-1)
+    logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logz
+    if not with_entropy:
+        return logp, torch.zeros_like(logp)
+    probs = torch.softmax(logits, dim=-1)
+    entropy = logz - (probs * logits).sum(-1)
+    return logp, entropy
+
+
+def token_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, *,
+                   temperature: float = 1.0, chunk: int = 64, with_entropy: bool = False):
+    """Log pi(token_t | prefix) of each completion token, and optionally the entropy.
+
+    Args:
+        model: a ``*ForCausalLM`` with ``get_output_embeddings()``.
+        prompt_ids, prompt_mask: ``[B, Tp]`` left-padded.
+        completion_ids, completion_mask: ``[B, Tc]`` right-padded.
+        temperature: sampling temperature; logits are divided by it (0 is treated as 1).
+        chunk: tokens per LM-head chunk (peak extra memory ~ B x chunk x V x 4 bytes).
+        with_entropy: also return the per-token entropy of pi (nats).
+    Returns:
+        ``(logprobs [B, Tc], entropy [B, Tc])`` float32; entropy is zeros unless requested.
+        Values at masked positions are meaningless: always multiply by the mask.
+    """
+    temperature = temperature if temperature and temperature > 0 else 1.0
+    hidden = completion_hidden(model, prompt_ids, prompt_mask, completion_ids, completion_mask)
+    head = model.get_output_embeddings()
+    weight, bias = head.weight, getattr(head, "bias", None)
+    logps, ents = [], []
+    needs_grad = torch.is_grad_enabled() and hidden.requires_grad
+    for s in range(0, hidden.shape[1], chunk):
+        args = (hidden[:, s : s + chunk], weight, bias, completion_ids[:, s : s + chunk], temperature, with_entropy)
+        if needs_grad:
+            lp, en = checkpoint(_chunk_logprobs, *args, use_reentrant=False)
+        else:
+            lp, en = _chunk_logprobs(*args)
+        logps.append(lp)
+        ents.append(en)
+    return torch.cat(logps, dim=1), torch.cat(ents, dim=1)
+
+
+class ValueModel(torch.nn.Module):
+    """Critic for PPO: a causal LM body with a scalar value head.
+
+    ``values[b, t]`` is V(state before completion token t), read from the same hidden state
+    that predicts token t. Initialised from the policy's weights by default (so its memory
+    and compute cost is that of a second policy-sized model, as in PPO for LLMs).
+    """
+
+    def __init__(self, lm):
+        super().__init__()
+        self.lm = lm
+        hidden = lm.config.hidden_size
+        self.value_head = torch.nn.Linear(hidden, 1)
+        torch.nn.init.zeros_(self.value_head.weight)
+        torch.nn.init.zeros_(self.value_head.bias)
+
+    def forward(self, prompt_ids, prompt_mask, completion_ids, completion_mask) -> torch.Tensor:
+        """Returns ``values [B, Tc]`` float32."""
+        h = completion_hidden(self.lm, prompt_ids, prompt_mask, completion_ids, completion_mask)
+        return self.value_head(h).squeeze(-1).float()

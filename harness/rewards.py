@@ -1,0 +1,98 @@
+"""Rewards from verdicts: correctness, optional format reward, DAPO overlong shaping, step rewards.
+
+Every component is returned separately so the trainer logs each one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from harness.verifiers import summarize
+
+
+@dataclass
+class RewardOutput:
+    """Per-completion rewards, all ``[B]`` float32.
+
+    Attributes:
+        rewards: total = correct + format_weight * formatted + overlong penalty.
+        correct: 1.0 where the verifier accepted the answer.
+        formatted: 1.0 where the expected answer format was present.
+        overlong: the (non-positive) DAPO soft overlong penalty.
+        verifier: counts of verifier timeouts / errors.
+    """
+
+    rewards: torch.Tensor
+    correct: torch.Tensor
+    formatted: torch.Tensor
+    overlong: torch.Tensor
+    verifier: dict = field(default_factory=dict)
+
+
+def overlong_penalty(lengths: torch.Tensor, max_new_tokens: int, buffer: int, penalty: float) -> torch.Tensor:
+    """DAPO soft overlong punishment (Yu et al. 2025, eq. 13).
+
+    0 for ``len <= L_max - buffer``; ``-(len - (L_max - buffer)) / buffer * penalty`` inside
+    the buffer; ``lengths`` in tokens, ``[B]``. ``buffer == 0`` disables it.
+    """
+    if buffer <= 0:
+        return torch.zeros_like(lengths, dtype=torch.float32)
+    start = max_new_tokens - buffer
+    return -((lengths.float() - start).clamp(min=0) / buffer).clamp(max=1.0) * penalty
+
+
+def compute_rewards(task, texts: list[str], golds: list[str], lengths: torch.Tensor, *,
+                    format_weight: float, max_new_tokens: int, overlong_buffer: int = 0,
+                    overlong_factor: float = 1.0) -> RewardOutput:
+    """Score completions with the task's verifier and combine the components.
+
+    Args:
+        task: a :class:`harness.tasks.Task`.
+        texts, golds: ``B`` completions and their gold answers.
+        lengths: ``[B]`` completion lengths in tokens.
+    """
+    verdicts = task.score(texts, golds)
+    correct = torch.tensor([float(v.correct) for v in verdicts])
+    formatted = torch.tensor([float(v.formatted) for v in verdicts])
+    over = overlong_penalty(lengths, max_new_tokens, overlong_buffer, overlong_factor)
+    total = correct + format_weight * formatted + over
+    return RewardOutput(total, correct, formatted, over, summarize(verdicts))
+
+
+def token_end_offsets(tokenizer, ids: list[int]) -> list[int]:
+    """Character offset in the decoded text where each token ends (``len(ids)`` entries)."""
+    ends, total = [], 0
+    for t in ids:
+        total += len(tokenizer.decode([t], skip_special_tokens=True))
+        ends.append(total)
+    return ends
+
+
+def process_step_rewards(task, tokenizer, texts, completion_ids, mask, outcome: torch.Tensor):
+    """Map each completion's step rewards (char offsets) to token indices for ``process``.
+
+    The outcome reward is added to the final step (the last valid token), as in DeepSeekMath
+    sec 4.1.3 where the final answer step carries the outcome.
+
+    Returns:
+        per row, a list of ``(token_index_where_step_ends, reward)``.
+    """
+    out = []
+    for b, text in enumerate(texts):
+        n = int(mask[b].sum())
+        if n == 0:
+            out.append([])
+            continue
+        ends = token_end_offsets(tokenizer, completion_ids[b, :n].tolist())
+        steps = []
+        for char_end, r in task.step_rewards(text):
+            tok = next((i for i, e in enumerate(ends) if e >= char_end), n - 1)
+            steps.append((tok, float(r)))
+        if steps and steps[-1][0] == n - 1:
+            steps[-1] = (n - 1, steps[-1][1] + float(outcome[b]))
+        else:
+            steps.append((n - 1, float(outcome[b])))
+        out.append(steps)
+    return out

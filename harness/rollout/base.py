@@ -1,0 +1,94 @@
+"""The rollout interface: prompts in, sampled completions (token ids + masks) out.
+
+A backend only generates; it never computes rewards or losses. ``hf`` (transformers
+``generate``) ships here; a vLLM backend implements the same two methods and receives the
+policy's weights through :meth:`RolloutBackend.sync_weights` after each update.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass
+class SamplingParams:
+    """Sampling settings. ``temperature == 0`` means greedy; ``max_new_tokens`` in tokens."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 128
+
+
+@dataclass
+class RolloutBatch:
+    """Completions for ``P`` prompts x ``G`` samples, rows group-major (row ``p*G + g``).
+
+    Attributes:
+        prompt_ids: ``[B, Tp]`` left-padded prompt token ids.
+        prompt_mask: ``[B, Tp]`` 1 for real prompt tokens.
+        completion_ids: ``[B, Tc]`` right-padded completion ids (EOS included when emitted).
+        completion_mask: ``[B, Tc]`` 1 for completion tokens up to and including EOS.
+        truncated: ``[B]`` bool, True where no EOS came within ``max_new_tokens``.
+        texts: ``B`` decoded completions (special tokens removed).
+        group_size: G.
+    """
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    completion_ids: torch.Tensor
+    completion_mask: torch.Tensor
+    truncated: torch.Tensor
+    texts: list[str]
+    group_size: int
+
+    @property
+    def num_sequences(self) -> int:
+        return self.completion_ids.shape[0]
+
+    def select(self, rows: torch.Tensor | list[int]) -> "RolloutBatch":
+        """A new batch with only ``rows`` (whole groups; used by dynamic sampling)."""
+        rows = torch.as_tensor(rows, dtype=torch.long)
+        return RolloutBatch(
+            self.prompt_ids[rows], self.prompt_mask[rows], self.completion_ids[rows],
+            self.completion_mask[rows], self.truncated[rows],
+            [self.texts[i] for i in rows.tolist()], self.group_size,
+        )
+
+
+def concat_batches(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
+    """Concatenate batches along rows, re-padding prompts (left) and completions (right)."""
+    if len(batches) == 1:
+        return batches[0]
+    tp = max(b.prompt_ids.shape[1] for b in batches)
+    tc = max(b.completion_ids.shape[1] for b in batches)
+
+    def lpad(x, t, v):
+        return torch.nn.functional.pad(x, (t - x.shape[1], 0), value=v)
+
+    def rpad(x, t, v):
+        return torch.nn.functional.pad(x, (0, t - x.shape[1]), value=v)
+
+    return RolloutBatch(
+        torch.cat([lpad(b.prompt_ids, tp, pad_id) for b in batches]),
+        torch.cat([lpad(b.prompt_mask, tp, 0) for b in batches]),
+        torch.cat([rpad(b.completion_ids, tc, pad_id) for b in batches]),
+        torch.cat([rpad(b.completion_mask, tc, 0) for b in batches]),
+        torch.cat([b.truncated for b in batches]),
+        [t for b in batches for t in b.texts],
+        batches[0].group_size,
+    )
+
+
+class RolloutBackend(Protocol):
+    """What the trainer needs from a generator."""
+
+    def generate(self, prompts: list[str], num_samples: int, params: SamplingParams) -> RolloutBatch:
+        """Sample ``num_samples`` completions per prompt; rows group-major."""
+        ...
+
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        """Load the policy's current weights (no-op when the backend shares the module)."""
+        ...

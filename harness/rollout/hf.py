@@ -1,0 +1,93 @@
+"""Rollout with transformers ``generate`` on the policy module itself (weights shared)."""
+
+from __future__ import annotations
+
+import torch
+from tqdm.auto import tqdm
+
+from harness.rollout.base import RolloutBatch, SamplingParams, concat_batches
+
+
+def completion_mask_from_ids(completion_ids: torch.Tensor, eos_ids: set[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mask tokens after the first EOS.
+
+    Args:
+        completion_ids: ``[B, Tc]`` generated ids (pad after EOS).
+        eos_ids: token ids that end a completion.
+    Returns:
+        (mask ``[B, Tc]`` long, 1 up to and including the first EOS; truncated ``[B]`` bool).
+    """
+    is_eos = torch.zeros_like(completion_ids, dtype=torch.bool)
+    for e in eos_ids:
+        is_eos |= completion_ids == e
+    # number of EOS tokens strictly before each position
+    before = torch.cumsum(is_eos.long(), dim=1) - is_eos.long()
+    mask = (before == 0).long()
+    truncated = ~is_eos.any(dim=1)
+    return mask, truncated
+
+
+class HFRollout:
+    """``generate``-based backend: all prompts x G samples per call, in chunks of ``batch_size``.
+
+    Args:
+        model: the policy (``PreTrainedModel``); generation runs under ``no_grad``.
+        tokenizer: left-padding tokenizer with a pad token.
+        batch_size: sequences per ``generate`` call; 0 = everything in one call.
+        progress: show a tqdm bar over chunks.
+    """
+
+    def __init__(self, model, tokenizer, batch_size: int = 0, progress: bool = True):
+        self.model, self.tokenizer = model, tokenizer
+        self.batch_size, self.progress = batch_size, progress
+        eos = model.generation_config.eos_token_id if model.generation_config else None
+        eos = eos if isinstance(eos, (list, tuple)) else [eos]
+        self.eos_ids = {e for e in [*eos, tokenizer.eos_token_id] if e is not None}
+
+    def sync_weights(self, model) -> None:  # the module is shared: nothing to copy
+        self.model = model
+
+    @torch.no_grad()
+    def generate(self, prompts: list[str], num_samples: int, params: SamplingParams) -> RolloutBatch:
+        """Sample ``num_samples`` completions for each prompt (rows group-major).
+
+        Raises:
+            ValueError: empty ``prompts`` or ``num_samples`` < 1.
+        """
+        if not prompts or num_samples < 1:
+            raise ValueError(f"need prompts and num_samples >= 1, got {len(prompts)} prompts, {num_samples}")
+        rows = [p for p in prompts for _ in range(num_samples)]
+        step = self.batch_size or len(rows)
+        chunks = range(0, len(rows), step)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            out = [self._generate(rows[i : i + step], num_samples, params)
+                   for i in tqdm(chunks, desc="rollout", disable=not self.progress or len(chunks) == 1)]
+        finally:
+            self.model.train(was_training)
+        return concat_batches(out, self.tokenizer.pad_token_id)
+
+    def _generate(self, rows: list[str], group_size: int, params: SamplingParams) -> RolloutBatch:
+        enc = self.tokenizer(rows, return_tensors="pt", padding=True, add_special_tokens=False)
+        enc = {k: v.to(self.model.device) for k, v in enc.items()}
+        greedy = params.temperature == 0
+        kwargs = dict(do_sample=False) if greedy else dict(
+            do_sample=True, temperature=params.temperature, top_p=params.top_p, top_k=0
+        )
+        seq = self.model.generate(
+            **enc, max_new_tokens=params.max_new_tokens, pad_token_id=self.tokenizer.pad_token_id,
+            eos_token_id=sorted(self.eos_ids), **kwargs,
+        )
+        tp = enc["input_ids"].shape[1]
+        completion = seq[:, tp:]
+        if completion.shape[1] == 0:  # max_new_tokens=0 or immediate stop
+            completion = torch.full((len(rows), 1), self.tokenizer.pad_token_id, device=seq.device)
+            mask = torch.zeros_like(completion)
+            truncated = torch.ones(len(rows), dtype=torch.bool)
+        else:
+            mask, truncated = completion_mask_from_ids(completion, self.eos_ids)
+        texts = self.tokenizer.batch_decode(completion * mask + self.tokenizer.pad_token_id * (1 - mask),
+                                            skip_special_tokens=True)
+        return RolloutBatch(enc["input_ids"].cpu(), enc["attention_mask"].cpu(), completion.cpu(),
+                            mask.cpu(), truncated.cpu(), texts, group_size)

@@ -1,0 +1,170 @@
+"""Entry point: ``python -m harness.run [overrides] [-m]``.
+
+Builds everything from the Hydra config, validates it before any compute, and runs the
+trainer. User errors (bad config, missing data, unreachable tracking store, bad model path)
+print one clear line and exit with status 2, without a traceback.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+import hydra
+import torch
+from omegaconf import OmegaConf
+
+from harness.config import register_configs
+from harness.validate import ConfigError, validate
+
+log = logging.getLogger("harness")
+register_configs()
+
+USER_ERRORS = (ConfigError, FileNotFoundError)
+
+
+def config_key(cfg) -> str:
+    """A short hash of the run-defining config (tracking/checkpoint/resume/output excluded).
+
+    Rerunning the same command gives the same key, hence the same checkpoint folder.
+    """
+    d = OmegaConf.to_container(cfg, resolve=True)
+    for k in ("tracking", "checkpoint", "resume", "output_dir"):
+        d.pop(k, None)
+    return hashlib.sha1(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def build_policy(cfg, tokenizer):
+    from harness.models import load_causal_lm
+
+    if cfg.model.tiny_config:
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        tiny = dict(cfg.model.tiny_config)
+        mc = AutoConfig.for_model(tiny.pop("model_type", "llama"), vocab_size=len(tokenizer),
+                                  pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, **tiny)
+        model = AutoModelForCausalLM.from_config(mc)
+        model.generation_config.eos_token_id = tokenizer.eos_token_id
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+        return model
+    model = load_causal_lm(cfg.model.name_or_path, cfg.model.dtype)
+    if cfg.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    return model
+
+
+def train(cfg) -> float:
+    """Run one job; returns the final eval accuracy (the sweep objective)."""
+    from harness import checkpoint as ckpt
+    from harness.logprobs import ValueModel
+    from harness.models import load_tokenizer
+    from harness.rollout import build_backend
+    from harness.tasks import build_task
+    from harness.tracking import Tracker, flatten, git_commit, resolve_uri
+    from harness.trainer import Trainer
+
+    validate(cfg)
+    torch.manual_seed(cfg.seed)
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    output_dir = Path(cfg.output_dir or hydra.core.hydra_config.HydraConfig.get().runtime.output_dir)
+    key = config_key(cfg)
+    ckpt_dir = Path(cfg.checkpoint.dir or Path(hydra.utils.get_original_cwd()) / "checkpoints" / key)
+    state = None
+    if cfg.resume:
+        state = ckpt.load(ckpt_dir if cfg.resume == "auto" else cfg.resume)
+    elif ckpt.latest(ckpt_dir) is not None:
+        found = ckpt.load(ckpt_dir)
+        if not found.get("finished"):
+            state = found
+            log.info("resuming from %s (step %d)", ckpt.latest(ckpt_dir), found["step"])
+    # Tracking first: an unreachable store is an error before any compute.
+    uri = resolve_uri(cfg.tracking.uri)
+    if uri.startswith("sqlite:///") and not Path(uri[10:]).is_absolute():
+        uri = "sqlite:///" + str(Path(hydra.utils.get_original_cwd()) / uri[10:])
+    tracker = Tracker(uri, cfg.tracking.experiment)
+    task = build_task(cfg.task)
+    tokenizer = load_tokenizer(cfg.model.name_or_path)
+    policy = build_policy(cfg, tokenizer)
+    policy.train()
+    critic = None
+    if cfg.advantage.name == "ppo":
+        import copy
+
+        base = copy.deepcopy(policy) if cfg.advantage.critic_init == "policy" else build_policy(cfg, tokenizer)
+        if cfg.advantage.critic_init == "random":
+            base.apply(base._init_weights)
+        critic = ValueModel(base).train()
+    backend = build_backend(cfg.rollout.backend, policy, tokenizer, batch_size=cfg.rollout.batch_size,
+                            progress=cfg.rollout.progress)
+    trainer = Trainer(cfg, task, tokenizer, policy, backend, tracker, critic=critic, checkpoint_dir=ckpt_dir)
+    tracker.start(cfg.tracking.run_name, run_id=state["run_id"] if state else None)
+    if state is not None:
+        trainer.load_state_dict(state)
+    else:
+        resolved = OmegaConf.to_container(cfg, resolve=True)
+        tracker.log_params(flatten(resolved))
+        tracker.set_tags({
+            "estimator": cfg.advantage.name, "group_size": cfg.group_size, "task": cfg.task.name,
+            "model": cfg.model.name_or_path if not cfg.model.tiny_config else "tiny-random",
+            "git_commit": git_commit(), "seed": cfg.seed, "config_key": key,
+            "output_dir": str(output_dir), **({"sweep": cfg.tracking.sweep} if cfg.tracking.sweep else {}),
+        })
+        tracker.log_text(OmegaConf.to_yaml(cfg, resolve=True), "config/resolved.yaml")
+        if task.skipped_rows:
+            tracker.log_metrics({"data/skipped_rows": task.skipped_rows}, step=0)
+    status = "FAILED"
+    try:
+        history = trainer.fit()
+        status = "FINISHED"
+    except KeyboardInterrupt:
+        trainer.save_checkpoint()
+        tracker.flush()
+        status = "KILLED"
+        raise
+    finally:
+        tracker.end(status)
+    return summarize(history, tracker, output_dir, ckpt_dir)
+
+
+def summarize(history: dict, tracker, output_dir: Path, ckpt_dir: Path) -> float:
+    """Print before/after accuracy, reward trend and where the outputs are; return final accuracy."""
+    steps = sorted(history)
+    evals = [(s, history[s]) for s in steps if "eval/accuracy" in history[s]]
+    first, last = evals[0][1] if evals else {}, evals[-1][1] if evals else {}
+    rewards = [history[s]["train/reward_mean"] for s in steps if "train/reward_mean" in history[s]]
+    half = max(1, len(rewards) // 2)
+    lines = [
+        "== grpo-harness summary ==",
+        f"eval accuracy : {first.get('eval/accuracy', float('nan')):.3f} -> {last.get('eval/accuracy', float('nan')):.3f}",
+        f"format rate   : {first.get('eval/format_rate', float('nan')):.3f} -> {last.get('eval/format_rate', float('nan')):.3f}",
+    ]
+    if rewards:
+        lines.append(f"train reward  : first half mean {sum(rewards[:half]) / half:.3f}, "
+                     f"second half mean {sum(rewards[half:]) / max(1, len(rewards) - half):.3f}")
+    lines += [f"MLflow run    : {tracker.run_id} ({tracker.uri})", f"outputs       : {output_dir}",
+              f"checkpoints   : {ckpt_dir}"]
+    print("\n".join(lines), flush=True)
+    return float(last.get("eval/accuracy", float("nan")))
+
+
+@hydra.main(config_path="../conf", config_name="config", version_base="1.3")
+def main(cfg) -> float:
+    from harness.models import ModelLoadError
+    from harness.tasks.data import DataError
+    from harness.tracking import TrackingError
+
+    try:
+        return train(cfg)
+    except (*USER_ERRORS, DataError, ModelLoadError, TrackingError) as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    main()

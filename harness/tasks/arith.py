@@ -1,0 +1,93 @@
+"""Procedurally generated arithmetic word problems: a small task where learning is visible on CPU.
+
+Each problem is a chain of ``num_ops`` operations on ``digits``-digit operands, told as a
+short story, optionally padded with ``distractors`` sentences holding irrelevant numbers.
+Problem ``i`` of the train stream is a pure function of ``(seed, i)``, so the stream is
+unbounded, reproducible and resumable; the test set is ``test_size`` problems from a
+separate seed namespace. The verifier is an exact integer match.
+"""
+
+from __future__ import annotations
+
+import random
+
+from harness.tasks.base import Problem, Shot, Task
+
+NAMES = ["Ana", "Ben", "Chen", "Dara", "Eli", "Fatima", "Gus", "Hana", "Ivan", "Jo", "Kofi", "Lena"]
+ITEMS = ["apples", "stickers", "marbles", "books", "coins", "pencils", "cards", "shells", "stamps"]
+OTHER = ["cats", "chairs", "windows", "cousins", "songs", "plants"]
+
+OPERATORS = {
+    "+": ("{name} gets {b} more {item}.", lambda a, b: a + b),
+    "-": ("{name} gives away {b} {item}.", lambda a, b: a - b),
+    "*": ("Then the number of {item} {name} has becomes {b} times as large.", lambda a, b: a * b),
+}
+_SYMBOL = {"+": "+", "-": "-", "*": "*"}
+
+
+def make_problem(rng: random.Random, digits: int, num_ops: int, operators: list, distractors: int):
+    """One problem: (question text, integer answer, list of worked steps).
+
+    Raises:
+        ValueError: an operator outside ``+ - *``, digits < 1 or num_ops < 1.
+    """
+    bad = [op for op in operators if op not in OPERATORS]
+    if bad or not operators:
+        raise ValueError(f"task.operators={operators}: expected a non-empty list from {sorted(OPERATORS)}")
+    if digits < 1 or num_ops < 1:
+        raise ValueError(f"task.digits={digits}, task.num_ops={num_ops}: both must be >= 1")
+    lo, hi = 10 ** (digits - 1), 10**digits - 1
+    name, item = rng.choice(NAMES), rng.choice(ITEMS)
+    value = rng.randint(lo, hi)
+    sentences = [f"{name} has {value} {item}."]
+    steps = []
+    for _ in range(num_ops):
+        op = rng.choice(operators)
+        b = rng.randint(2, 9) if op == "*" else rng.randint(lo, hi)
+        if op == "-" and b > value:  # keep counts non-negative
+            op = "+"
+        template, fn = OPERATORS[op]
+        new = fn(value, b)
+        sentences.append(template.format(name=name, b=b, item=item))
+        steps.append(f"{value} {_SYMBOL[op]} {b} = {new}")
+        value = new
+    for _ in range(distractors):
+        pos = rng.randint(1, len(sentences))
+        sentences.insert(pos, f"{rng.choice(NAMES)} has {rng.randint(lo, hi)} {rng.choice(OTHER)}.")
+    question = " ".join(sentences) + f" How many {item} does {name} have now?"
+    return question, value, steps
+
+
+def worked_answer(steps: list[str], answer: int) -> str:
+    """The answer style the prompt asks for: one equation per line, then ``#### N``."""
+    return "\n".join(steps) + f"\n#### {answer}"
+
+
+class ArithTask(Task):
+    """Arithmetic word problems (``task=arith``); see the module docstring for the knobs."""
+
+    name = "arith"
+    verifier_kind = "int"
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self._gen_args = (cfg.digits, cfg.num_ops, list(cfg.operators), cfg.distractors)
+        # worked examples come from their own seed namespace
+        self.shots = tuple(
+            Shot(q, worked_answer(steps, a))
+            for q, a, steps in (
+                make_problem(random.Random(f"shot-{cfg.seed}-{i}"), *self._gen_args) for i in range(4)
+            )
+        )
+        test = [self._make("test", i) for i in range(cfg.test_size)]
+        self.eval = self.pick_eval(test)
+        self.train = ()
+
+    def _make(self, split: str, index: int) -> Problem:
+        rng = random.Random(f"{split}-{self.cfg.seed}-{index}")
+        q, a, steps = make_problem(rng, *self._gen_args)
+        return Problem(f"{split}/{index}", q, str(a), {"steps": steps})
+
+    def train_problem(self, index: int, seed: int) -> Problem:
+        """Problem ``index`` of the unbounded stream (depends on ``task.seed`` and run ``seed``)."""
+        return self._make(f"train{seed}", index)

@@ -1,0 +1,103 @@
+"""The task interface: data + prompt + verifier, one module per task.
+
+A task owns its problems (train stream and fixed eval set), turns a problem into a chat
+prompt, and scores completions with a verifier from :mod:`harness.verifiers`. The trainer
+only sees :class:`Task`; adding a task is one module, one yaml file and one test.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from harness.verifiers import Verdict, step_rewards, verify_batch
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One problem. ``gold`` is the final answer string the verifier compares against."""
+
+    id: str
+    question: str
+    gold: str
+    meta: dict = field(default_factory=dict, compare=False, hash=False)
+
+
+@dataclass(frozen=True)
+class Shot:
+    """A worked example shown to the model as a user/assistant turn before the question."""
+
+    question: str
+    answer: str
+
+
+class Task:
+    """Base class. Subclasses set ``verifier_kind`` and fill ``train``/``eval`` problem lists.
+
+    Args:
+        cfg: the task's structured config (see :mod:`harness.config`).
+    """
+
+    name: str = "base"
+    verifier_kind: str = "gsm8k"
+    shots: Sequence[Shot] = ()
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.train: Sequence[Problem] = []
+        self.eval: list[Problem] = []
+        self.skipped_rows = 0  # malformed rows skipped while loading (logged by the trainer)
+
+    # ----------------------------------------------------------------- data order
+    def train_problem(self, index: int, seed: int) -> Problem:
+        """The ``index``-th training problem of an endless seeded stream.
+
+        Epoch ``e = index // N`` visits all N problems in a permutation seeded by
+        ``(seed, e)``, so the order is reproducible and resumable from ``index`` alone.
+        """
+        n = len(self.train)
+        if n == 0:
+            raise ValueError(f"task {self.name!r} has no training problems")
+        epoch, pos = divmod(index, n)
+        order = list(range(n))
+        random.Random(seed * 1_000_003 + epoch).shuffle(order)
+        return self.train[order[pos]]
+
+    def pick_eval(self, problems: Sequence[Problem]) -> list[Problem]:
+        """A fixed subset of ``cfg.eval_size`` problems drawn with ``cfg.eval_seed``."""
+        size = self.cfg.eval_size
+        if size is None or size >= len(problems):
+            return list(problems)
+        idx = sorted(random.Random(self.cfg.eval_seed).sample(range(len(problems)), size))
+        return [problems[i] for i in idx]
+
+    # --------------------------------------------------------------------- prompt
+    def messages(self, problem: Problem) -> list[dict]:
+        """Chat messages: optional system prompt, ``num_shots`` worked examples, the question."""
+        msgs = []
+        if self.cfg.system_prompt:
+            msgs.append({"role": "system", "content": self.cfg.system_prompt})
+        for shot in list(self.shots)[: self.cfg.num_shots]:
+            msgs.append({"role": "user", "content": self.cfg.instruction.format(question=shot.question)})
+            msgs.append({"role": "assistant", "content": shot.answer})
+        msgs.append({"role": "user", "content": self.cfg.instruction.format(question=problem.question)})
+        return msgs
+
+    def prompt(self, problem: Problem, tokenizer) -> str:
+        """The prompt text through the tokenizer's chat template (generation prompt added)."""
+        return tokenizer.apply_chat_template(
+            self.messages(problem), tokenize=False, add_generation_prompt=True
+        )
+
+    # -------------------------------------------------------------------- scoring
+    def score(self, completions: list[str], golds: list[str]) -> list[Verdict]:
+        """Verify completions against gold answers (bounded in time; never raises on model text)."""
+        return verify_batch(self.verifier_kind, completions, golds, **self.verify_kwargs())
+
+    def verify_kwargs(self) -> dict:
+        return {}
+
+    def step_rewards(self, completion: str) -> list[tuple[int, float]]:
+        """Per-step rewards (char end offset, reward) for the ``process`` estimator."""
+        return step_rewards(completion)

@@ -1,0 +1,58 @@
+"""GSM8K (Cobbe et al. 2021): grade-school word problems, answer after the last ``#### ``."""
+
+from __future__ import annotations
+
+from harness.tasks.base import Problem, Shot, Task
+from harness.tasks.data import load_jsonl, require_fields, resolve_data_dir
+
+ENV_VAR = "HARNESS_GSM8K_DIR"
+
+# Hand-written worked examples in the GSM8K answer style (not taken from the data set).
+SHOTS = (
+    Shot(
+        "A baker makes 24 muffins in the morning and 18 in the afternoon. He sells 30. "
+        "How many muffins are left?",
+        "He makes 24 + 18 = 42 muffins.\nAfter selling 30, 42 - 30 = 12 are left.\n#### 12",
+    ),
+    Shot(
+        "Sara reads 15 pages a day for 4 days, then 10 pages on the fifth day. "
+        "How many pages does she read in total?",
+        "In 4 days she reads 15 * 4 = 60 pages.\nWith the fifth day, 60 + 10 = 70 pages.\n#### 70",
+    ),
+)
+
+
+def gold_from_answer(answer: str) -> str:
+    """The gold final answer: the text after the last ``#### `` of a GSM8K ``answer`` field."""
+    return answer.rsplit("####", 1)[-1].strip().replace(",", "")
+
+
+class GSM8KTask(Task):
+    """GSM8K from ``task.data_dir`` / ``$HARNESS_GSM8K_DIR`` (train.jsonl, test.jsonl) or the hub."""
+
+    name = "gsm8k"
+    verifier_kind = "gsm8k"
+    shots = SHOTS
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        data_dir = resolve_data_dir(cfg.data_dir, ENV_VAR)
+        splits = {}
+        for split in ("train", "test"):
+            if data_dir is not None:
+                path = data_dir / f"{split}.jsonl"
+                rows, source = load_jsonl(path), str(path)
+            else:
+                import datasets
+
+                rows = datasets.load_dataset(cfg.hub_id, cfg.hub_config, split=split).to_list()
+                source = f"{cfg.hub_id}[{split}]"
+            rows, lines, skipped = require_fields(rows, ("question", "answer"), source, cfg.strict)
+            self.skipped_rows += skipped
+            splits[split] = [
+                Problem(f"{split}/{line}", r["question"], gold_from_answer(r["answer"]))
+                for r, line in zip(rows, lines)
+            ]
+        train = splits["train"]
+        self.train = train[: cfg.train_size] if cfg.train_size else train
+        self.eval = self.pick_eval(splits["test"])

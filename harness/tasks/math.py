@@ -1,0 +1,95 @@
+"""MATH (Hendrycks et al. 2021): train on MATH train (7,500), evaluate on MATH-500."""
+
+from __future__ import annotations
+
+from harness.tasks.base import Problem, Shot, Task
+from harness.tasks.data import load_jsonl, require_fields, resolve_data_dir
+
+ENV_VAR = "HARNESS_MATH_DIR"
+FIELDS = ("problem", "answer")
+
+SHOTS = (
+    Shot(
+        "What is the value of $\\frac{3}{4} + \\frac{1}{6}$?",
+        "The common denominator is 12: $\\frac{9}{12} + \\frac{2}{12} = \\frac{11}{12}$.\n"
+        "The answer is $\\boxed{\\frac{11}{12}}$.",
+    ),
+    Shot(
+        "Solve for $x$: $2x - 7 = 11$.",
+        "Adding 7 gives $2x = 18$, so $x = 9$.\nThe answer is $\\boxed{9}$.",
+    ),
+)
+
+
+class MathTask(Task):
+    """MATH train / MATH-500 from ``task.data_dir`` (``$HARNESS_MATH_DIR``) or the hub.
+
+    Local files: ``train.jsonl`` and ``math500_test.jsonl`` with fields ``problem, solution,
+    answer, subject, level, unique_id``. Optional filters ``task.levels``/``task.subjects``
+    apply to both splits.
+    """
+
+    name = "math"
+    verifier_kind = "math"
+    shots = SHOTS
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        data_dir = resolve_data_dir(cfg.data_dir, ENV_VAR)
+        if data_dir is not None:
+            train_rows = self._rows(data_dir / "train.jsonl")
+            eval_rows = self._rows(data_dir / "math500_test.jsonl")
+        else:
+            train_rows, eval_rows = self._hub_rows()
+        self.train = self._filter(train_rows)
+        if cfg.train_size:
+            self.train = self.train[: cfg.train_size]
+        self.eval = self.pick_eval(self._filter(eval_rows))
+
+    def _rows(self, path):
+        rows, lines, skipped = require_fields(load_jsonl(path), FIELDS, str(path), self.cfg.strict)
+        self.skipped_rows += skipped
+        return [dict(r, _line=f"{path.name}:{n}") for r, n in zip(rows, lines)]
+
+    def _hub_rows(self):
+        import datasets
+
+        from harness.verifiers import extract_boxed
+
+        cfg = self.cfg
+        names = datasets.get_dataset_config_names(cfg.hub_train_id)
+        train = []
+        for name in names:
+            for r in datasets.load_dataset(cfg.hub_train_id, name, split="train"):
+                level = str(r.get("level", "")).replace("Level ", "")
+                train.append({
+                    "problem": r["problem"], "answer": extract_boxed(r["solution"]) or "",
+                    "subject": r.get("type"), "level": int(level) if level.isdigit() else None,
+                })
+        evals = datasets.load_dataset(cfg.hub_eval_id, split="test").to_list()
+        keep = lambda rows, src: require_fields(rows, FIELDS, src, cfg.strict)  # noqa: E731
+        train, _, s1 = keep(train, cfg.hub_train_id)
+        evals, _, s2 = keep(evals, cfg.hub_eval_id)
+        self.skipped_rows += s1 + s2
+        return train, evals
+
+    def _filter(self, rows) -> list[Problem]:
+        cfg = self.cfg
+        out = []
+        for i, r in enumerate(rows):
+            if cfg.levels and r.get("level") not in cfg.levels:
+                continue
+            if cfg.subjects and r.get("subject") not in cfg.subjects:
+                continue
+            pid = r.get("unique_id") or r.get("_line") or str(i)
+            meta = {"subject": r.get("subject"), "level": r.get("level")}
+            out.append(Problem(pid, r["problem"], str(r["answer"]), meta))
+        if not out:
+            raise ValueError(
+                f"task.levels={cfg.levels} task.subjects={cfg.subjects} leave no MATH problems; "
+                "expected levels in 1..5 and subjects such as 'Algebra', 'Prealgebra'"
+            )
+        return out
+
+    def verify_kwargs(self) -> dict:
+        return {"timeout_s": self.cfg.verify_timeout_s, "num_workers": self.cfg.verify_workers}

@@ -1,0 +1,348 @@
+"""The training loop. One step reads as the data path::
+
+    prompts -> rollout -> rewards -> advantages -> per-token loss -> aggregate -> update -> log
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import time
+from pathlib import Path
+
+import torch
+
+from harness import checkpoint as ckpt
+from harness.algo import AdvantageContext, estimate_advantages, kl_penalty
+from harness.evaluation import evaluate
+from harness.perf import PeakMemory
+from harness.rewards import compute_rewards, process_step_rewards
+from harness.rollout import SamplingParams, concat_batches
+from harness.update import LossSettings, TrainBatch, batched_logprobs, batched_values, critic_pass, policy_pass
+
+log = logging.getLogger(__name__)
+
+
+class TrainingStopped(RuntimeError):
+    """Too many consecutive non-finite steps; a checkpoint was saved before raising."""
+
+
+def lr_lambda(schedule: str, warmup: int, total: int):
+    """Multiplier of the base lr at update ``i`` (linear warm-up, then constant/linear/cosine)."""
+
+    def fn(i: int) -> float:
+        if warmup and i < warmup:
+            return (i + 1) / warmup
+        frac = (i - warmup) / max(1, total - warmup)
+        return {"constant": 1.0, "linear": 1.0 - frac, "cosine": 0.5 * (1 + math.cos(math.pi * frac))}[schedule]
+
+    return fn
+
+
+class Trainer:
+    """Owns the models, optimizers and loop state of one run.
+
+    Args:
+        cfg: the resolved :class:`harness.config.Config` (OmegaConf object).
+        task, tokenizer, policy, backend, tracker: built by :mod:`harness.run`.
+        critic: a :class:`harness.logprobs.ValueModel` for ``advantage=ppo``, else None.
+        checkpoint_dir: where checkpoints go.
+    """
+
+    def __init__(self, cfg, task, tokenizer, policy, backend, tracker, critic=None, checkpoint_dir=None):
+        self.cfg, self.task, self.tok, self.policy = cfg, task, tokenizer, policy
+        self.backend, self.tracker, self.critic = backend, tracker, critic
+        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
+        t = cfg.train
+        self.use_ref = cfg.beta > 0 and cfg.kl.placement != "none"
+        self.ref = copy.deepcopy(policy).eval().requires_grad_(False) if self.use_ref else None
+        self.opt = torch.optim.AdamW(policy.parameters(), lr=t.lr, betas=tuple(t.adam_betas),
+                                     weight_decay=t.weight_decay)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(
+            self.opt, lr_lambda(t.lr_schedule, t.warmup_steps, t.steps))
+        self.critic_opt = None
+        if critic is not None:
+            self.critic_opt = torch.optim.AdamW(critic.parameters(), lr=cfg.advantage.critic_lr,
+                                                betas=tuple(t.adam_betas))
+        self.adv_params = {k: v for k, v in cfg.advantage.items() if k in self._estimator_keys()}
+        self.adv_state: dict = {}
+        self.step = 0
+        self.data_pos = 0
+        self.bad_steps = 0
+        self.skipped = 0
+        self.start_time = time.time()
+        self.elapsed_before = 0.0
+        self.loss_settings = LossSettings(
+            epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high, dual_clip=cfg.dual_clip,
+            ratio_level=cfg.ratio_level, beta=cfg.beta, kl_form=cfg.kl.form,
+            kl_in_loss=cfg.kl.placement == "loss", entropy_coef=cfg.entropy_coef, loss_agg=cfg.loss_agg,
+            loss_agg_constant=cfg.loss_agg_constant or cfg.rollout.max_new_tokens,
+            temperature=cfg.rollout.temperature, chunk=t.logprob_chunk,
+        )
+
+    def _estimator_keys(self):
+        import inspect
+
+        from harness.algo import TOKEN_ESTIMATORS
+
+        sig = inspect.signature(TOKEN_ESTIMATORS.get(self.cfg.advantage.name))
+        return {n for n, p in sig.parameters.items() if p.kind == p.KEYWORD_ONLY}
+
+    # ------------------------------------------------------------------- rollout
+    def _sampling(self) -> SamplingParams:
+        r = self.cfg.rollout
+        return SamplingParams(temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens)
+
+    def collect(self):
+        """Sample P prompts x G completions and score them (DAPO dynamic sampling if enabled).
+
+        Returns:
+            (rollout batch, reward output, problems, info dict).
+        """
+        cfg, G, P = self.cfg, self.cfg.group_size, self.cfg.train.prompts_per_step
+        rounds = cfg.train.dynamic_sampling_max_rounds if cfg.train.dynamic_sampling else 1
+        kept, kept_rewards, kept_problems, t_roll, t_rew, sampled = [], [], [], 0.0, 0.0, 0
+        for _ in range(rounds):
+            need = P - sum(len(p) for p in kept_problems)
+            problems = [self.task.train_problem(self.data_pos + i, cfg.seed) for i in range(need)]
+            self.data_pos += need
+            sampled += need
+            t0 = time.perf_counter()
+            batch = self.backend.generate([self.task.prompt(p, self.tok) for p in problems], G, self._sampling())
+            t1 = time.perf_counter()
+            rew = compute_rewards(
+                self.task, batch.texts, [p.gold for p in problems for _ in range(G)],
+                batch.completion_mask.sum(1), format_weight=cfg.task.format_reward,
+                max_new_tokens=cfg.rollout.max_new_tokens, overlong_buffer=cfg.overlong.buffer,
+                overlong_factor=cfg.overlong.penalty,
+            )
+            t_roll, t_rew = t_roll + (t1 - t0), t_rew + (time.perf_counter() - t1)
+            if cfg.train.dynamic_sampling:
+                std = rew.rewards.view(-1, G).std(dim=1)
+                groups = [i for i in range(len(problems)) if std[i] > 0]
+                if len(kept) + 1 < rounds and not groups:
+                    continue
+                rows = [i * G + g for i in groups for g in range(G)] if groups else list(range(len(problems) * G))
+                groups = groups or list(range(len(problems)))
+                batch, problems = batch.select(rows), [problems[i] for i in groups]
+                rew = _select_rewards(rew, rows)
+            kept.append(batch)
+            kept_rewards.append(rew)
+            kept_problems.append(problems)
+            if sum(len(p) for p in kept_problems) >= P:
+                break
+        batch = concat_batches(kept, self.tok.pad_token_id)
+        rew = _cat_rewards(kept_rewards)
+        problems = [p for ps in kept_problems for p in ps]
+        return batch, rew, problems, {"time/rollout_s": t_roll, "time/reward_s": t_rew,
+                                      "train/prompts_sampled": sampled}
+
+    # ---------------------------------------------------------------------- step
+    def train_step(self) -> dict:
+        """One rollout + ``mu`` optimisation passes; returns the step's metrics."""
+        cfg, G, mb = self.cfg, self.cfg.group_size, self.cfg.train.micro_batch_size
+        t_start = time.perf_counter()
+        batch, rew, problems, info = self.collect()
+        cmask = batch.completion_mask
+        loss_mask = cmask.clone()
+        if cfg.overlong.mask_truncated:
+            loss_mask[batch.truncated] = 0
+        args = (batch.prompt_ids, batch.prompt_mask, batch.completion_ids, cmask)
+
+        t0 = time.perf_counter()
+        lp_kw = dict(temperature=cfg.rollout.temperature, chunk=cfg.train.logprob_chunk, micro_batch_size=mb)
+        need_old = cfg.mu > 1 or (self.use_ref and cfg.kl.placement == "reward")
+        old = batched_logprobs(self.policy, *args, **lp_kw) if need_old else None
+        ref = batched_logprobs(self.ref, *args, **lp_kw) if self.use_ref else None
+        values = batched_values(self.critic, *args, mb) if self.critic is not None else None
+        t_logprob = time.perf_counter() - t0
+
+        # token-level rewards: outcome on the last valid token (+ reward-placed KL)
+        lengths = cmask.sum(1)
+        token_rewards = torch.zeros(cmask.shape, dtype=torch.float32)
+        last = (lengths - 1).clamp(min=0)
+        token_rewards[torch.arange(len(lengths)), last] = rew.rewards * (lengths > 0).float()
+        scores = rew.rewards.clone()
+        if ref is not None and cfg.kl.placement == "reward":
+            kl_tok = kl_penalty(old, ref, cfg.kl.form) * cmask
+            token_rewards = token_rewards - cfg.beta * kl_tok
+            scores = scores - cfg.beta * kl_tok.sum(1)
+        steps = None
+        if cfg.advantage.name == "process":
+            steps = process_step_rewards(self.task, self.tok, batch.texts, batch.completion_ids, cmask, rew.rewards)
+        ctx = AdvantageContext(scores=scores.view(-1, G), token_rewards=token_rewards, mask=cmask,
+                               values=values, step_rewards=steps, state=self.adv_state)
+        adv = estimate_advantages(cfg.advantage.name, ctx, **self.adv_params)
+
+        t0 = time.perf_counter()
+        tb = TrainBatch(batch.prompt_ids, batch.prompt_mask, batch.completion_ids, loss_mask,
+                        adv.advantages, old, ref, values, adv.returns)
+        stats = self._update(tb)
+        t_update = time.perf_counter() - t0
+        self.step += 1
+        if self.ref is not None and cfg.kl.ref_refresh_steps and self.step % cfg.kl.ref_refresh_steps == 0:
+            self.ref.load_state_dict(self.policy.state_dict())
+        self.backend.sync_weights(self.policy)
+
+        step_s = time.perf_counter() - t_start
+        r = rew.rewards.view(-1, G)
+        n_tokens = float(cmask.sum())
+        metrics = {
+            "train/reward_mean": float(rew.rewards.mean()), "train/reward_std": float(rew.rewards.std()),
+            "train/accuracy": float(rew.correct.mean()), "train/format_rate": float(rew.formatted.mean()),
+            "train/overlong_penalty": float(rew.overlong.mean()),
+            "train/frac_reward_zero_std": float((r.std(dim=1) == 0).float().mean()),
+            "train/completion_len_mean": float(lengths.float().mean()),
+            "train/completion_len_max": float(lengths.max()),
+            "train/clipped_ratio": float(batch.truncated.float().mean()),
+            "train/advantage_abs_mean": float((adv.advantages.abs() * cmask).sum() / max(n_tokens, 1)),
+            "train/lr": self.sched.get_last_lr()[0], "train/skipped_updates": float(self.skipped),
+            "time/logprob_s": t_logprob, "time/update_s": t_update, "time/step_s": step_s,
+            "time/elapsed_s": self.elapsed_before + time.time() - self.start_time,
+            "perf/tokens_per_s": n_tokens / step_s, "perf/completion_tokens": n_tokens,
+            **info, **{f"train/{k}": v for k, v in stats.items()},
+            **{f"train/{k.split('/')[-1]}": v for k, v in rew.verifier.items()},
+        }
+        return metrics
+
+    def _update(self, tb: TrainBatch) -> dict:
+        cfg, mb = self.cfg, self.cfg.train.micro_batch_size
+        stats: dict = {}
+        warmup = self.critic is not None and self.step < cfg.advantage.critic_warmup_steps
+        for _ in range(cfg.mu):  # statistics are averaged over the mu passes
+            if self.critic is not None:
+                self.critic_opt.zero_grad(set_to_none=True)
+                _accumulate(stats, critic_pass(self.critic, tb, cfg.advantage.value_clip, cfg.advantage.vf_coef, mb), cfg.mu)
+                torch.nn.utils.clip_grad_norm_(self.critic.parameters(), cfg.train.max_grad_norm)
+                self.critic_opt.step()
+            if warmup:
+                continue
+            self.opt.zero_grad(set_to_none=True)
+            s = policy_pass(self.policy, tb, self.loss_settings, mb)
+            s["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.train.max_grad_norm))
+            if not (math.isfinite(s["loss"]) and math.isfinite(s["grad_norm"])):
+                self._bad_step()
+                return stats | s
+            self.bad_steps = 0
+            self.opt.step()
+            _accumulate(stats, s, cfg.mu)
+        if not warmup:
+            self.sched.step()
+        return stats
+
+    def _bad_step(self) -> None:
+        """Skip a non-finite update; stop (after a checkpoint) when too many come in a row."""
+        self.opt.zero_grad(set_to_none=True)
+        self.skipped += 1
+        self.bad_steps += 1
+        log.warning("non-finite loss/grad at step %d: update skipped (%d in a row)", self.step + 1, self.bad_steps)
+        if self.bad_steps >= self.cfg.train.max_bad_steps:
+            self.save_checkpoint()
+            raise TrainingStopped(
+                f"{self.bad_steps} consecutive non-finite steps (train.max_bad_steps="
+                f"{self.cfg.train.max_bad_steps}); checkpoint saved in {self.checkpoint_dir}")
+
+    # -------------------------------------------------------------------- loop
+    def run_eval(self, step: int) -> dict:
+        cfg = self.cfg
+        problems = self.task.eval[: cfg.eval.size] if cfg.eval.size else self.task.eval
+        m, rows = evaluate(self.task, self.backend, self.tok, problems,
+                           max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
+                           num_samples=cfg.eval.num_samples, temperature=cfg.eval.temperature,
+                           batch_size=cfg.eval.batch_size, log_samples=cfg.eval.log_samples)
+        if rows:
+            self.tracker.log_table(rows, f"samples/eval_step_{step:06d}.json")
+        return m
+
+    def fit(self) -> dict:
+        """Run ``train.steps`` steps with evals before, every ``eval.every`` steps and at the end.
+
+        Metrics are flushed to MLflow when a checkpoint is written (or every step when
+        checkpoints are off), so a resumed run never logs a step twice.
+        """
+        cfg = self.cfg
+        history = {}
+        peak = PeakMemory()
+        if self.step == 0:
+            history[0] = self.run_eval(0)
+            self.tracker.log_metrics(history[0], step=0)
+        while self.step < cfg.train.steps:
+            peak.reset()
+            m = self.train_step()
+            m["perf/peak_mem_bytes"] = peak.read()
+            step = self.step
+            last = step == cfg.train.steps
+            if (cfg.eval.every and step % cfg.eval.every == 0) or last:
+                m.update(self.run_eval(step))
+            history[step] = m
+            self.tracker.queue(m, step=step)
+            log.info("step %d/%d reward %.3f acc %.3f %s(%.1fs)", step, cfg.train.steps,
+                     m["train/reward_mean"], m["train/accuracy"],
+                     f"eval_acc {m['eval/accuracy']:.3f} " if "eval/accuracy" in m else "", m["time/step_s"])
+            periodic = self.checkpoint_dir is not None and cfg.checkpoint.every > 0
+            due = periodic and step % cfg.checkpoint.every == 0
+            if due or last:
+                self.save_checkpoint(finished=last)
+            if due or last or not periodic:
+                self.tracker.flush()
+        return history
+
+    # ------------------------------------------------------------- checkpoint
+    def state_dict(self) -> dict:
+        return {
+            "step": self.step, "data_pos": self.data_pos, "run_id": self.tracker.run_id,
+            "policy": self.policy.state_dict(), "optimizer": self.opt.state_dict(),
+            "scheduler": self.sched.state_dict(), "ref": self.ref.state_dict() if self.ref is not None else None,
+            "critic": self.critic.state_dict() if self.critic is not None else None,
+            "critic_optimizer": self.critic_opt.state_dict() if self.critic_opt is not None else None,
+            "adv_state": self.adv_state, "rng": ckpt.rng_state(), "skipped": self.skipped,
+            "elapsed_s": self.elapsed_before + time.time() - self.start_time,
+        }
+
+    def save_checkpoint(self, finished: bool = False):
+        if self.checkpoint_dir is None:
+            return None
+        state = self.state_dict()
+        state["finished"] = finished
+        return ckpt.save(self.checkpoint_dir, self.step, state, keep=self.cfg.checkpoint.keep)
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step, self.data_pos = state["step"], state["data_pos"]
+        self.policy.load_state_dict(state["policy"])
+        self.opt.load_state_dict(state["optimizer"])
+        self.sched.load_state_dict(state["scheduler"])
+        if self.ref is not None and state.get("ref") is not None:
+            self.ref.load_state_dict(state["ref"])
+        if self.critic is not None and state.get("critic") is not None:
+            self.critic.load_state_dict(state["critic"])
+            self.critic_opt.load_state_dict(state["critic_optimizer"])
+        self.adv_state.clear()
+        self.adv_state.update(state.get("adv_state") or {})
+        self.skipped = state.get("skipped", 0)
+        self.elapsed_before = state.get("elapsed_s", 0.0)
+        ckpt.set_rng_state(state["rng"])
+        self.backend.sync_weights(self.policy)
+
+
+def _accumulate(total: dict, new: dict, n: int) -> None:
+    for k, v in new.items():
+        total[k] = total.get(k, 0.0) + v / n
+
+
+def _select_rewards(rew, rows):
+    from harness.rewards import RewardOutput
+
+    idx = torch.as_tensor(rows, dtype=torch.long)
+    return RewardOutput(rew.rewards[idx], rew.correct[idx], rew.formatted[idx], rew.overlong[idx], rew.verifier)
+
+
+def _cat_rewards(rews):
+    from harness.rewards import RewardOutput
+
+    verifier: dict = {}
+    for r in rews:
+        for k, v in r.verifier.items():
+            verifier[k] = verifier.get(k, 0) + v
+    return RewardOutput(*(torch.cat([getattr(r, f) for r in rews]) for f in ("rewards", "correct", "formatted", "overlong")),
+                        verifier)

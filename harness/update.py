@@ -1,0 +1,139 @@
+"""One optimisation pass over a rollout batch: micro-batches, per-token loss, aggregation.
+
+Per-token loss (DeepSeekMath eq. 3, written as a loss to minimise)::
+
+    loss_t = -min(ratio_t * A_t, clip(ratio_t, 1 - eps, 1 + eps_high) * A_t)
+             + beta * KL_t            (kl.placement == "loss")
+             - entropy_coef * H_t
+
+aggregated with ``loss_agg`` over the *whole* batch's token/sequence counts, so gradient
+accumulation over micro-batches gives the same gradient as one big batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from harness.algo import aggregate_loss, kl_penalty, masked_mean, policy_loss, value_loss
+from harness.logprobs import token_logprobs
+
+
+@dataclass
+class TrainBatch:
+    """Everything the update needs, rows aligned; token tensors ``[B, Tc]``."""
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    completion_ids: torch.Tensor
+    loss_mask: torch.Tensor  # completion mask, minus truncated rows when overlong.mask_truncated
+    advantages: torch.Tensor
+    old_logprobs: torch.Tensor | None = None  # None: on-policy (mu == 1), use detached current
+    ref_logprobs: torch.Tensor | None = None
+    old_values: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
+
+    def rows(self, sl: slice) -> "TrainBatch":
+        return TrainBatch(*[None if v is None else v[sl] for v in self.__dict__.values()])
+
+
+@dataclass
+class LossSettings:
+    epsilon: float
+    epsilon_high: float | None
+    dual_clip: float | None
+    ratio_level: str
+    beta: float
+    kl_form: str
+    kl_in_loss: bool
+    entropy_coef: float
+    loss_agg: str
+    loss_agg_constant: float | None
+    temperature: float
+    chunk: int
+
+
+def _normalisers(mask: torch.Tensor) -> dict:
+    return {"num_tokens": float(mask.sum()), "num_seqs": float(mask.shape[0])}
+
+
+def policy_pass(policy, batch: TrainBatch, s: LossSettings, micro_batch_size: int) -> dict:
+    """Accumulate gradients of the policy loss over micro-batches (no optimizer step).
+
+    Returns:
+        token-weighted means of the loss statistics over the batch (python floats).
+    """
+    norm = _normalisers(batch.loss_mask)
+    total_tokens = max(norm["num_tokens"], 1.0)
+    sums: dict[str, float] = {}
+    for start in range(0, batch.completion_ids.shape[0], micro_batch_size):
+        mb = batch.rows(slice(start, start + micro_batch_size))
+        mask = mb.loss_mask.float()
+        logp, entropy = token_logprobs(
+            policy, mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.loss_mask,
+            temperature=s.temperature, chunk=s.chunk, with_entropy=True,
+        )
+        old = mb.old_logprobs if mb.old_logprobs is not None else logp.detach()
+        per_token, stats = policy_loss(
+            logp, old, mb.advantages, mask, epsilon=s.epsilon, epsilon_high=s.epsilon_high,
+            dual_clip=s.dual_clip, ratio_level=s.ratio_level,
+        )
+        if mb.ref_logprobs is not None:
+            kl = kl_penalty(logp, mb.ref_logprobs, s.kl_form)
+            if s.kl_in_loss:
+                per_token = per_token + s.beta * kl
+            stats["kl"] = masked_mean(kl.detach(), mask)
+        if s.entropy_coef:
+            per_token = per_token - s.entropy_coef * entropy
+        loss = aggregate_loss(per_token, mask, s.loss_agg, constant=s.loss_agg_constant, **norm)
+        loss.backward()
+        stats["entropy"] = masked_mean(entropy.detach(), mask)
+        stats["loss"] = loss.detach() * 1.0  # summed over micro-batches = full-batch loss
+        w = float(mask.sum()) / total_tokens
+        for k, v in stats.items():
+            v = float(v)
+            sums[k] = sums.get(k, 0.0) + (v if k == "loss" else v * w)
+    return sums
+
+
+def critic_pass(critic, batch: TrainBatch, clip_range: float, vf_coef: float, micro_batch_size: int) -> dict:
+    """Accumulate gradients of the clipped value loss (token-mean over the whole batch)."""
+    norm = _normalisers(batch.loss_mask)
+    total = max(norm["num_tokens"], 1.0)
+    sums: dict[str, float] = {}
+    for start in range(0, batch.completion_ids.shape[0], micro_batch_size):
+        mb = batch.rows(slice(start, start + micro_batch_size))
+        mask = mb.loss_mask.float()
+        values = critic(mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.loss_mask)
+        per_token, stats = value_loss(values, mb.old_values, mb.returns, mask, clip_range=clip_range)
+        loss = vf_coef * aggregate_loss(per_token, mask, "token-mean", **norm)
+        loss.backward()
+        w = float(mask.sum()) / total
+        sums["value_loss"] = sums.get("value_loss", 0.0) + float(loss)
+        for k, v in stats.items():
+            sums[k] = sums.get(k, 0.0) + float(v) * w
+    return sums
+
+
+@torch.no_grad()
+def batched_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, *,
+                     temperature: float, chunk: int, micro_batch_size: int) -> torch.Tensor:
+    """``[B, Tc]`` log-probabilities under ``model`` without gradients (old / reference policy)."""
+    out = []
+    for s in range(0, completion_ids.shape[0], micro_batch_size):
+        sl = slice(s, s + micro_batch_size)
+        lp, _ = token_logprobs(model, prompt_ids[sl], prompt_mask[sl], completion_ids[sl],
+                               completion_mask[sl], temperature=temperature, chunk=chunk)
+        out.append(lp)
+    return torch.cat(out)
+
+
+@torch.no_grad()
+def batched_values(critic, prompt_ids, prompt_mask, completion_ids, completion_mask, micro_batch_size: int):
+    """``[B, Tc]`` critic values without gradients."""
+    out = []
+    for s in range(0, completion_ids.shape[0], micro_batch_size):
+        sl = slice(s, s + micro_batch_size)
+        out.append(critic(prompt_ids[sl], prompt_mask[sl], completion_ids[sl], completion_mask[sl]))
+    return torch.cat(out)
