@@ -57,8 +57,25 @@ def build_policy(cfg, tokenizer):
     return model
 
 
-def train(cfg) -> float:
-    """Run one job; returns the final eval accuracy (the sweep objective)."""
+def _hydra_dirs(cfg) -> tuple[Path, Path]:
+    """(output dir, launch dir): Hydra's when running under ``@hydra.main``, else cwd-based."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if HydraConfig.initialized():
+        out = Path(cfg.output_dir or HydraConfig.get().runtime.output_dir)
+        return out, Path(hydra.utils.get_original_cwd())
+    return Path(cfg.output_dir or Path.cwd() / "outputs" / config_key(cfg)), Path.cwd()
+
+
+def train(cfg, on_eval=None) -> float:
+    """Run one job; returns the final eval accuracy (the sweep objective).
+
+    Args:
+        cfg: a composed :class:`harness.config.Config`.
+        on_eval: optional ``fn(step, metrics)`` called after each eval (Optuna reporting and
+            pruning: an exception raised there, e.g. ``optuna.TrialPruned``, ends the run as
+            KILLED with a checkpoint and propagates).
+    """
     from harness import checkpoint as ckpt
     from harness.logprobs import ValueModel
     from harness.models import load_tokenizer
@@ -71,9 +88,9 @@ def train(cfg) -> float:
     torch.manual_seed(cfg.seed)
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
-    output_dir = Path(cfg.output_dir or hydra.core.hydra_config.HydraConfig.get().runtime.output_dir)
+    output_dir, launch_dir = _hydra_dirs(cfg)
     key = config_key(cfg)
-    ckpt_dir = Path(cfg.checkpoint.dir or Path(hydra.utils.get_original_cwd()) / "checkpoints" / key)
+    ckpt_dir = Path(cfg.checkpoint.dir or launch_dir / "checkpoints" / key)
     state = None
     if cfg.resume:
         state = ckpt.load(ckpt_dir if cfg.resume == "auto" else cfg.resume)
@@ -85,7 +102,7 @@ def train(cfg) -> float:
     # Tracking first: an unreachable store is an error before any compute.
     uri = resolve_uri(cfg.tracking.uri)
     if uri.startswith("sqlite:///") and not Path(uri[10:]).is_absolute():
-        uri = "sqlite:///" + str(Path(hydra.utils.get_original_cwd()) / uri[10:])
+        uri = "sqlite:///" + str(launch_dir / uri[10:])
     tracker = Tracker(uri, cfg.tracking.experiment)
     task = build_task(cfg.task)
     tokenizer = load_tokenizer(cfg.model.name_or_path)
@@ -101,7 +118,8 @@ def train(cfg) -> float:
         critic = ValueModel(base).train()
     backend = build_backend(cfg.rollout.backend, policy, tokenizer, batch_size=cfg.rollout.batch_size,
                             progress=cfg.rollout.progress)
-    trainer = Trainer(cfg, task, tokenizer, policy, backend, tracker, critic=critic, checkpoint_dir=ckpt_dir)
+    trainer = Trainer(cfg, task, tokenizer, policy, backend, tracker, critic=critic, checkpoint_dir=ckpt_dir,
+                      on_eval=on_eval)
     tracker.start(cfg.tracking.run_name, run_id=state["run_id"] if state else None)
     if state is not None:
         trainer.load_state_dict(state)
@@ -121,10 +139,11 @@ def train(cfg) -> float:
     try:
         history = trainer.fit()
         status = "FINISHED"
-    except KeyboardInterrupt:
-        trainer.save_checkpoint()
-        tracker.flush()
-        status = "KILLED"
+    except BaseException as e:  # interrupted or pruned: keep what was computed
+        if isinstance(e, KeyboardInterrupt) or type(e).__name__ == "TrialPruned":
+            trainer.save_checkpoint()
+            tracker.flush()
+            status = "KILLED"
         raise
     finally:
         tracker.end(status)

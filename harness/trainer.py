@@ -48,10 +48,13 @@ class Trainer:
         task, tokenizer, policy, backend, tracker: built by :mod:`harness.run`.
         critic: a :class:`harness.logprobs.ValueModel` for ``advantage=ppo``, else None.
         checkpoint_dir: where checkpoints go.
+        on_eval: optional ``fn(step, metrics)`` called after each evaluation.
     """
 
-    def __init__(self, cfg, task, tokenizer, policy, backend, tracker, critic=None, checkpoint_dir=None):
+    def __init__(self, cfg, task, tokenizer, policy, backend, tracker, critic=None, checkpoint_dir=None,
+                 on_eval=None):
         self.cfg, self.task, self.tok, self.policy = cfg, task, tokenizer, policy
+        self.on_eval = on_eval
         self.backend, self.tracker, self.critic = backend, tracker, critic
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
         t = cfg.train
@@ -202,7 +205,8 @@ class Trainer:
             "time/elapsed_s": self.elapsed_before + time.time() - self.start_time,
             "perf/tokens_per_s": n_tokens / step_s, "perf/completion_tokens": n_tokens,
             **info, **{f"train/{k}": v for k, v in stats.items()},
-            **{f"train/{k.split('/')[-1]}": v for k, v in rew.verifier.items()},
+            "verifier/timeouts": rew.verifier.get("verifier/timeouts", 0.0),
+            "verifier/errors": rew.verifier.get("verifier/errors", 0.0),
         }
         return metrics
 
@@ -253,6 +257,8 @@ class Trainer:
                            batch_size=cfg.eval.batch_size, log_samples=cfg.eval.log_samples)
         if rows:
             self.tracker.log_table(rows, f"samples/eval_step_{step:06d}.json")
+        if self.on_eval is not None:
+            self.on_eval(step, m)
         return m
 
     def fit(self) -> dict:
@@ -342,7 +348,7 @@ def _cat_rewards(rews):
 
     verifier: dict = {}
     for r in rews:
-        for k, v in r.verifier.items():
-            verifier[k] = verifier.get(k, 0) + v
+        for k in ("verifier/timeouts", "verifier/errors"):
+            verifier[k] = verifier.get(k, 0) + r.verifier.get(k, 0)
     return RewardOutput(*(torch.cat([getattr(r, f) for r in rews]) for f in ("rewards", "correct", "formatted", "overlong")),
                         verifier)

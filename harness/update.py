@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.algo import aggregate_loss, kl_penalty, masked_mean, policy_loss, value_loss
+from harness.algo import aggregate_loss, aggregation_normalizers, kl_penalty, masked_mean, policy_loss, value_loss
 from harness.logprobs import token_logprobs
 
 
@@ -54,17 +54,13 @@ class LossSettings:
     chunk: int
 
 
-def _normalisers(mask: torch.Tensor) -> dict:
-    return {"num_tokens": float(mask.sum()), "num_seqs": float(mask.shape[0])}
-
-
 def policy_pass(policy, batch: TrainBatch, s: LossSettings, micro_batch_size: int) -> dict:
     """Accumulate gradients of the policy loss over micro-batches (no optimizer step).
 
     Returns:
         token-weighted means of the loss statistics over the batch (python floats).
     """
-    norm = _normalisers(batch.loss_mask)
+    norm = aggregation_normalizers(batch.loss_mask)
     total_tokens = max(norm["num_tokens"], 1.0)
     sums: dict[str, float] = {}
     for start in range(0, batch.completion_ids.shape[0], micro_batch_size):
@@ -99,7 +95,7 @@ def policy_pass(policy, batch: TrainBatch, s: LossSettings, micro_batch_size: in
 
 def critic_pass(critic, batch: TrainBatch, clip_range: float, vf_coef: float, micro_batch_size: int) -> dict:
     """Accumulate gradients of the clipped value loss (token-mean over the whole batch)."""
-    norm = _normalisers(batch.loss_mask)
+    norm = aggregation_normalizers(batch.loss_mask)
     total = max(norm["num_tokens"], 1.0)
     sums: dict[str, float] = {}
     for start in range(0, batch.completion_ids.shape[0], micro_batch_size):

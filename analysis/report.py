@@ -1,0 +1,165 @@
+"""One-command report: collect -> compare -> plots -> ``<out>/REPORT.md``.
+
+Example::
+
+    python -m analysis.report --experiment grpo-harness --sweep my-sweep --out results \\
+        --a estimator=grpo --b estimator=ppo
+
+Writes (under ``--out``): ``runs.csv``, ``history.csv``, ``skipped_runs.csv`` (collect),
+``per_run.csv``, ``summary.csv``, ``paired.csv`` (compare; paired only with ``--a``/``--b``),
+``plots/*.png`` (plots) and ``REPORT.md`` with the tables and image links.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import math
+import shlex
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from analysis import DEFAULT_BY
+from analysis.collect import Collection, add_query_args, collect_runs, parse_tags, resolve_tracking_uri, \
+    save_collection
+from analysis.compare import METRICS, parse_variant, run_compare, split_cols
+from analysis.mdtable import format_cell, markdown_table
+from analysis.plots import PLOT_FILES, make_plots
+
+METRIC_TITLES = {
+    "final_eval_accuracy": "final eval acc",
+    "reward_auc": "reward AUC",
+    "peak_mem_gib": "peak mem (GiB)",
+    "step_time_s": "step time (s)",
+    "wall_time_s": "wall time (s)",
+    "final_pass_at_k": "final pass@k",
+}
+
+
+def _ci_text(mean: float, lo: float, hi: float, fmt: str = ".3g") -> str:
+    if mean is None or (isinstance(mean, float) and math.isnan(mean)):
+        return ""
+    if lo is None or hi is None or math.isnan(lo) or math.isnan(hi):
+        return format(mean, fmt)
+    return f"{format(mean, fmt)} [{format(lo, fmt)}, {format(hi, fmt)}]"
+
+
+def summary_wide(summary: pd.DataFrame) -> pd.DataFrame:
+    """Pivot the long summary to one row per variant: ``n`` and ``mean [ci_lo, ci_hi]`` per metric."""
+    if summary.empty:
+        return pd.DataFrame()
+    by = [c for c in summary.columns if c not in ("metric", "n", "mean", "std", "ci_lo", "ci_hi")]
+    rows = []
+    groups = summary.groupby(by, dropna=False, sort=True) if by else [((), summary)]
+    for key, g in groups:
+        key = key if isinstance(key, tuple) else (key,)
+        row = {col: format_cell(v) for col, v in zip(by, key)}
+        row["n"] = int(g["n"].max())
+        for _, r in g.iterrows():
+            row[METRIC_TITLES.get(r["metric"], r["metric"])] = _ci_text(r["mean"], r["ci_lo"], r["ci_hi"])
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _runs_table(per_run: pd.DataFrame) -> pd.DataFrame:
+    cols = ["run_id", "run_name", "estimator", "group_size", "seed", "task", "status",
+            *[m for m in METRICS if m in per_run.columns and per_run[m].notna().any()]]
+    table = per_run[[c for c in cols if c in per_run.columns]].copy()
+    table["run_id"] = table["run_id"].astype(str).str[:8]
+    sort = [c for c in ("estimator", "group_size", "seed") if c in table.columns]
+    return table.sort_values(sort, kind="stable") if sort else table
+
+
+def write_report(out: str | Path, coll: Collection, frames: dict[str, pd.DataFrame],
+                 plots: dict[str, Path], meta: dict | None = None) -> Path:
+    """Write ``<out>/REPORT.md`` from the collection, compare frames and plot paths."""
+    out = Path(out)
+    meta = meta or {}
+    lines = ["# grpo-harness report", ""]
+    lines.append(f"Generated {_dt.datetime.now().isoformat(timespec='seconds')} by "
+                 f"`{meta.get('command', 'python -m analysis.report')}`.")
+    lines.append("")
+    for key in ("tracking_uri", "experiments", "sweep", "tags", "group_by"):
+        if meta.get(key):
+            lines.append(f"- **{key}**: {meta[key]}")
+    lines += [f"- **runs used**: {len(coll.runs)}", f"- **runs skipped** (not FINISHED): {len(coll.skipped)}", ""]
+
+    lines += ["## Summary over seeds", "",
+              "Mean and 95% Student-t confidence interval over seeds (blank CI when n = 1). "
+              "Reward AUC is the trapezoid area under `train/reward_mean` vs step divided by the "
+              "step span.", ""]
+    wide = summary_wide(frames.get("summary", pd.DataFrame()))
+    lines.append(markdown_table(wide) if not wide.empty else "_No finished runs with metrics._\n")
+
+    paired = frames.get("paired")
+    if paired is not None and not paired.empty:
+        lines += ["## Paired comparison", "",
+                  f"A = `{paired['a'].iloc[0]}`, B = `{paired['b'].iloc[0]}`; differences A - B "
+                  f"paired on `{paired['pair_on'].iloc[0] or '(nothing)'}`; 95% percentile bootstrap CI "
+                  "of the mean paired difference; Welch's t-test on the unpaired runs (secondary).", ""]
+        cols = ["metric", "n_pairs", "mean_a", "mean_b", "mean_diff", "boot_lo", "boot_hi", "welch_p"]
+        lines.append(markdown_table(paired[cols]))
+
+    lines += ["## Runs", ""]
+    per_run = frames.get("per_run", pd.DataFrame())
+    lines.append(markdown_table(_runs_table(per_run)) if not per_run.empty else "_No runs._\n")
+    if len(coll.skipped):
+        lines += ["### Skipped runs", ""]
+        skipped = coll.skipped.copy()
+        skipped["run_id"] = skipped["run_id"].astype(str).str[:8]
+        lines.append(markdown_table(skipped))
+
+    lines += ["## Figures", ""]
+    for name in PLOT_FILES:
+        if name in plots:
+            rel = Path(plots[name]).resolve().relative_to(out.resolve()).as_posix()
+            lines += [f"### {name[:-4].replace('_', ' ')}", "", f"![{name[:-4]}]({rel})", ""]
+    missing = [n for n in PLOT_FILES if n not in plots]
+    if missing:
+        lines += ["Skipped (no data): " + ", ".join(f"`{m}`" for m in missing), ""]
+    lines += ["## Files", "",
+              "- `runs.csv` one row per run (tags, params, last metric values); `history.csv` every "
+              "metric point (run_id, key, step, value, timestamp); `skipped_runs.csv` runs not used.",
+              "- `per_run.csv` derived per-run metrics; `summary.csv` per-variant statistics (long); "
+              "`paired.csv` paired comparison (when requested).", ""]
+    path = out / "REPORT.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point: collect -> compare -> plots -> REPORT.md."""
+    parser = argparse.ArgumentParser(prog="python -m analysis.report", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_query_args(parser)
+    parser.add_argument("--by", nargs="+", default=list(DEFAULT_BY), help="columns defining a variant")
+    parser.add_argument("--a", default=None, help="variant A for the paired test, KEY=VALUE[,KEY=VALUE]")
+    parser.add_argument("--b", default=None, help="variant B for the paired test")
+    parser.add_argument("--n-boot", type=int, default=10000, help="bootstrap resamples")
+    parser.add_argument("--seed", type=int, default=0, help="bootstrap RNG seed")
+    parser.add_argument("--parquet", action="store_true", help="also write parquet copies of the frames")
+    args = parser.parse_args(argv)
+    if bool(args.a) != bool(args.b):
+        parser.error("--a and --b go together")
+    by = split_cols(args.by)
+    tags = parse_tags(args.tag)
+    coll = collect_runs(args.tracking_uri, args.experiment, tags, args.sweep, args.include_unfinished)
+    save_collection(coll, args.out, args.parquet)
+    frames = run_compare(coll.runs, coll.history, args.out, by,
+                         parse_variant(args.a) if args.a else None, parse_variant(args.b) if args.b else None,
+                         n_boot=args.n_boot, seed=args.seed, verbose=False)
+    plots = make_plots(coll.runs, coll.history, frames["summary"], args.out, by)
+    meta = {"command": "python -m analysis.report " + " ".join(shlex.quote(a) for a in (argv if argv is not None
+                                                                                        else sys.argv[1:])),
+            "tracking_uri": resolve_tracking_uri(args.tracking_uri),
+            "experiments": ", ".join(args.experiment or ["grpo-harness"]), "sweep": args.sweep,
+            "tags": ", ".join(f"{k}={v}" for k, v in tags.items()), "group_by": ", ".join(by)}
+    path = write_report(args.out, coll, frames, plots, meta)
+    print(f"[report] wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

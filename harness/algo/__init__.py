@@ -1,0 +1,63 @@
+"""Core RL math for grpo-harness: advantage estimators, KL penalties, policy/value
+losses and loss aggregation, each selectable by a config string through a registry.
+
+Conventions: ``[B, T]`` token tensors (right-padded, ``mask`` = 1 at real
+tokens), ``[P, G]`` prompt groups with ``B = P * G`` and group-major rows
+(row ``b = p * G + g``).
+"""
+
+from .advantages import OUTCOME_ESTIMATORS, compute_advantages, outcome_requires_groups
+from .gae import gae, reinforce_pp_returns
+from .kl import KL_ESTIMATORS, kl_penalty
+from .losses import (
+    LOSS_AGGREGATIONS,
+    RATIO_LEVELS,
+    aggregate_loss,
+    aggregation_normalizers,
+    policy_loss,
+    value_loss,
+)
+from .registry import Registry
+from .token_estimators import (
+    TOKEN_ESTIMATORS,
+    AdvantageContext,
+    AdvantageOutput,
+    estimate_advantages,
+    requires_groups,
+)
+from .utils import (
+    explained_variance,
+    masked_mean,
+    masked_sum,
+    masked_var,
+    masked_whiten,
+    pass_at_k,
+)
+
+__all__ = [
+    "compute_advantages",
+    "estimate_advantages",
+    "AdvantageContext",
+    "AdvantageOutput",
+    "gae",
+    "reinforce_pp_returns",
+    "kl_penalty",
+    "policy_loss",
+    "aggregate_loss",
+    "aggregation_normalizers",
+    "value_loss",
+    "masked_mean",
+    "masked_sum",
+    "masked_var",
+    "masked_whiten",
+    "explained_variance",
+    "pass_at_k",
+    "requires_groups",
+    "outcome_requires_groups",
+    "Registry",
+    "OUTCOME_ESTIMATORS",
+    "TOKEN_ESTIMATORS",
+    "KL_ESTIMATORS",
+    "LOSS_AGGREGATIONS",
+    "RATIO_LEVELS",
+]

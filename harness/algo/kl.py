@@ -1,0 +1,126 @@
+"""Per-token KL-divergence estimators between the policy and a reference policy.
+
+All forms estimate ``KL(pi_theta || pi_ref)`` from tokens sampled from
+``pi_theta`` using only the two log-probabilities of the sampled token
+(J. Schulman, "Approximating KL Divergence", 2020,
+http://joschu.net/blog/kl-approx.html). With ``log r = logref - logp``:
+
+* ``k1 = -log r = logp - logref`` -- unbiased, high variance, can be negative.
+* ``k2 = 0.5 * (log r)^2`` -- biased, low variance, always >= 0.
+* ``k3 = (r - 1) - log r = exp(logref - logp) - (logref - logp) - 1`` --
+  unbiased, low variance, always >= 0. DeepSeekMath (Shao et al. 2024) eq. 4
+  uses this form; verl calls it ``low_var_kl``.
+
+verl's ``kl_penalty`` names are registered as aliases: ``kl`` (k1), ``mse``
+(k2), ``low_var_kl`` (k3).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+from torch import Tensor
+
+from .registry import Registry
+from .utils import shape_str
+
+KL_ESTIMATORS: Registry = Registry("KL estimator")
+
+# Bound on |log r| before exponentiation in k3 when clamping is requested (verl).
+_K3_LOG_RATIO_BOUND = 20.0
+
+
+def _register(*names: str) -> Callable:
+    def decorator(fn: Callable) -> Callable:
+        for name in names:
+            KL_ESTIMATORS.register(name)(fn)
+        return fn
+
+    return decorator
+
+
+@_register("k1", "kl")
+def kl_k1(logprobs: Tensor, ref_logprobs: Tensor, clamp: Optional[float] = None) -> Tensor:
+    """k1 estimator: ``logp - logref``. Shapes ``[B, T], [B, T] -> [B, T]``.
+
+    Source: Schulman 2020 blog, k1 (naive, unbiased). ``clamp`` bounds the
+    output to ``[-clamp, clamp]``.
+    """
+    kl = logprobs - ref_logprobs
+    return kl if clamp is None else kl.clamp(-clamp, clamp)
+
+
+@_register("k2", "mse")
+def kl_k2(logprobs: Tensor, ref_logprobs: Tensor, clamp: Optional[float] = None) -> Tensor:
+    """k2 estimator: ``0.5 * (logp - logref)^2``. Shapes ``[B, T], [B, T] -> [B, T]``.
+
+    Source: Schulman 2020 blog, k2 (biased, low variance). ``clamp`` bounds
+    the output to ``[-clamp, clamp]``.
+    """
+    kl = 0.5 * (logprobs - ref_logprobs).square()
+    return kl if clamp is None else kl.clamp(-clamp, clamp)
+
+
+@_register("k3", "low_var_kl")
+def kl_k3(logprobs: Tensor, ref_logprobs: Tensor, clamp: Optional[float] = None) -> Tensor:
+    """k3 estimator: ``exp(logref - logp) - (logref - logp) - 1``. ``[B, T] -> [B, T]``.
+
+    Source: Schulman 2020 blog, k3; DeepSeekMath eq. 4; verl ``low_var_kl``.
+    With ``clamp`` set (verl uses 10), ``logref - logp`` is first clamped to
+    ``[-20, 20]`` to avoid overflow in ``exp`` and the result is clamped to
+    ``[-clamp, clamp]``; with ``clamp=None`` (default) no clamping happens.
+    """
+    log_r = ref_logprobs - logprobs
+    if clamp is not None:
+        log_r = log_r.clamp(-_K3_LOG_RATIO_BOUND, _K3_LOG_RATIO_BOUND)
+    kl = torch.exp(log_r) - log_r - 1.0
+    return kl if clamp is None else kl.clamp(-clamp, clamp)
+
+
+def kl_penalty(
+    logprobs: Tensor,
+    ref_logprobs: Tensor,
+    form: str,
+    *,
+    clamp: Optional[float] = None,
+    mask: Optional[Tensor] = None,
+) -> Tensor:
+    """Per-token KL estimate between policy and reference, form chosen by name.
+
+    Shapes: ``logprobs``, ``ref_logprobs`` (and optional ``mask``): ``[B, T]``
+    log-probabilities of the sampled tokens -> ``[B, T]`` per-token estimate
+    (0 at positions where ``mask == 0`` when a mask is given). Gradients flow
+    through ``logprobs`` (and ``ref_logprobs`` if it requires grad).
+
+    ``form``: one of ``KL_ESTIMATORS.names()`` -- ``k1``/``kl``, ``k2``/``mse``,
+    ``k3``/``low_var_kl``; formulas in the module docstring (Schulman 2020).
+    ``clamp``: None (default, no clamping) or a positive bound on the output
+    (k3 additionally bounds the log-ratio to +-20 as verl does).
+
+    Raises:
+        ValueError: unknown ``form`` (lists valid names); shape mismatch between
+            ``logprobs``, ``ref_logprobs`` and ``mask``; ``clamp <= 0``.
+    """
+    fn = KL_ESTIMATORS.get(form)
+    if not isinstance(logprobs, Tensor) or not isinstance(ref_logprobs, Tensor):
+        raise ValueError("logprobs and ref_logprobs must be torch.Tensors")
+    if logprobs.shape != ref_logprobs.shape:
+        raise ValueError(
+            f"ref_logprobs must have the shape of logprobs {shape_str(logprobs)}, "
+            f"got {shape_str(ref_logprobs)}"
+        )
+    if clamp is not None and not clamp > 0:
+        raise ValueError(f"clamp must be None or > 0, got {clamp}")
+    kl = fn(logprobs, ref_logprobs, clamp=clamp)
+    if mask is not None:
+        if not isinstance(mask, Tensor) or mask.shape != logprobs.shape:
+            got = shape_str(mask) if isinstance(mask, Tensor) else type(mask).__name__
+            raise ValueError(
+                f"mask must have the shape of logprobs {shape_str(logprobs)}, got {got}"
+            )
+        kl = torch.where(mask.to(torch.bool), kl, torch.zeros_like(kl))
+    return kl
+
+
+__all__ = ["KL_ESTIMATORS", "kl_penalty", "kl_k1", "kl_k2", "kl_k3"]

@@ -1,0 +1,258 @@
+"""Outcome / token advantage estimators, utils and registry (hand-computed values)."""
+
+import math
+
+import pytest
+import torch
+
+from harness.algo import (
+    OUTCOME_ESTIMATORS,
+    TOKEN_ESTIMATORS,
+    AdvantageContext,
+    compute_advantages,
+    estimate_advantages,
+    masked_mean,
+    masked_whiten,
+    pass_at_k,
+    requires_groups,
+)
+from harness.algo.advantages import outcome_requires_groups
+from harness.algo.registry import Registry
+from harness.algo.utils import explained_variance, masked_var
+
+ONE_HOT = torch.tensor([[1.0, 0.0, 0.0, 0.0]])
+
+
+def close(a, b, atol=1e-5):
+    return torch.allclose(torch.as_tensor(a, dtype=torch.float32),
+                          torch.as_tensor(b, dtype=torch.float32), atol=atol)
+
+
+# ----------------------------------------------------------------- outcome estimators
+
+
+def test_grpo_one_hot_group():
+    # mean .25, unbiased std = sqrt((.75^2 + 3*.25^2)/3) = sqrt(.25) = .5
+    assert close(compute_advantages(ONE_HOT, "grpo"), [[1.5, -0.5, -0.5, -0.5]])
+
+
+def test_grpo_population_std():
+    # population std = sqrt(3/16) -> .75/.4330 = sqrt(3), -.25/.4330 = -1/sqrt(3)
+    s3 = math.sqrt(3.0)
+    out = compute_advantages(ONE_HOT, "grpo", unbiased=False)
+    assert close(out, [[s3, -1 / s3, -1 / s3, -1 / s3]])
+
+
+def test_mean_only_and_rloo_one_hot():
+    assert close(compute_advantages(ONE_HOT, "mean_only"), [[0.75, -0.25, -0.25, -0.25]])
+    assert close(compute_advantages(ONE_HOT, "rloo"), [[1.0, -1 / 3, -1 / 3, -1 / 3]])
+
+
+def test_grpo_batch_scale_and_none():
+    r = torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
+    # batch: 3 ones / 5 zeros, mean 3/8, unbiased var = (3*(5/8)^2 + 5*(3/8)^2)/7 = 120/448
+    std = math.sqrt(120 / 448)
+    expected = [[0.75 / std, -0.25 / std, -0.25 / std, -0.25 / std],
+                [0.5 / std, 0.5 / std, -0.5 / std, -0.5 / std]]
+    assert close(compute_advantages(r, "grpo", scale="batch"), expected)
+    assert torch.equal(compute_advantages(r, "grpo", scale="none"),
+                       compute_advantages(r, "mean_only"))
+
+
+@pytest.mark.parametrize("name", ["grpo", "mean_only", "rloo"])
+def test_zero_variance_group_is_exactly_zero(name):
+    # 0.1 * 3 / 3 != 0.1 in floating point: the naive r - mean is not exactly 0
+    r = torch.tensor([[0.1, 0.1, 0.1], [1.0, 0.0, 1.0]])
+    out = compute_advantages(r, name, **({"eps": 0.0} if name == "grpo" else {}))
+    assert torch.equal(out[0], torch.zeros(3))
+    assert torch.isfinite(out).all()
+    assert out[1].abs().sum() > 0
+
+
+def test_invalid_completion_excluded_from_stats():
+    r = torch.tensor([[1.0, 0.0, 0.0, 5.0]])
+    valid = torch.tensor([[True, True, True, False]])
+    # valid [1,0,0]: mean 1/3, unbiased var = (4/9 + 1/9 + 1/9)/2 = 1/3
+    std = math.sqrt(1 / 3)
+    assert close(compute_advantages(r, "grpo", valid=valid),
+                 [[(2 / 3) / std, (-1 / 3) / std, (-1 / 3) / std, 0.0]])
+    assert close(compute_advantages(r, "mean_only", valid=valid), [[2 / 3, -1 / 3, -1 / 3, 0.0]])
+    # rloo: 1 - mean(0,0) = 1 ; 0 - mean(1,0) = -.5
+    assert close(compute_advantages(r, "rloo", valid=valid), [[1.0, -0.5, -0.5, 0.0]])
+
+
+def test_nan_reward_of_invalid_completion_does_not_leak():
+    r = torch.tensor([[1.0, 0.0, float("nan")]])
+    valid = torch.tensor([[True, True, False]])
+    out = compute_advantages(r, "rloo", valid=valid)
+    assert close(out, [[1.0, -1.0, 0.0]])
+
+
+@pytest.mark.parametrize("name", ["grpo", "mean_only", "rloo"])
+def test_group_with_one_valid_member_gets_zero(name):
+    r = torch.tensor([[1.0, 0.0], [1.0, 0.0]])
+    valid = torch.tensor([[True, False], [True, True]])
+    out = compute_advantages(r, name, valid=valid)
+    assert torch.equal(out[0], torch.zeros(2))
+
+
+@pytest.mark.parametrize("name", ["grpo", "mean_only", "rloo"])
+def test_group_size_one_raises(name):
+    with pytest.raises(ValueError, match=f"group_size must be >= 2 for estimator '{name}'"):
+        compute_advantages(torch.ones(3, 1), name)
+
+
+def test_reinforce_baselines():
+    r = torch.tensor([[1.0, 0.0], [1.0, 1.0]])
+    assert torch.equal(compute_advantages(r, "reinforce"), r)
+    assert close(compute_advantages(r, "reinforce", baseline="batch_mean"),
+                 [[0.25, -0.75], [0.25, 0.25]])
+    # works with G = 1
+    assert close(compute_advantages(torch.tensor([[2.0], [0.0]]), "reinforce",
+                                    baseline="batch_mean"), [[1.0], [-1.0]])
+
+
+def test_reinforce_ema_state_update():
+    state = {}
+    r1 = torch.tensor([[1.0, 0.0], [1.0, 1.0]])  # mean .75; first call: baseline = batch mean
+    a1 = compute_advantages(r1, "reinforce", baseline="ema", ema_decay=0.9, state=state)
+    assert close(a1, [[0.25, -0.75], [0.25, 0.25]])
+    assert state["ema"] == pytest.approx(0.75)
+    a2 = compute_advantages(torch.zeros(2, 2), "reinforce", baseline="ema", ema_decay=0.9,
+                            state=state)  # baseline used = .75 (before update)
+    assert close(a2, torch.full((2, 2), -0.75))
+    assert state["ema"] == pytest.approx(0.9 * 0.75 + 0.1 * 0.0)
+    a3 = compute_advantages(torch.ones(2, 2), "reinforce", baseline="ema", ema_decay=0.9,
+                            state=state)
+    assert close(a3, torch.full((2, 2), 1.0 - 0.675))
+    assert state["ema"] == pytest.approx(0.9 * 0.675 + 0.1 * 1.0)
+
+
+def test_reinforce_ema_requires_state_and_valid_baseline_name():
+    with pytest.raises(ValueError, match="state"):
+        compute_advantages(torch.ones(2, 2), "reinforce", baseline="ema")
+    with pytest.raises(ValueError, match="batch_mean"):
+        compute_advantages(torch.ones(2, 2), "reinforce", baseline="median")
+
+
+def test_unknown_estimator_and_param_raise():
+    with pytest.raises(ValueError) as e:
+        compute_advantages(ONE_HOT, "gpro")
+    for name in ("grpo", "mean_only", "rloo", "reinforce"):
+        assert name in str(e.value)
+    with pytest.raises(ValueError, match="epsilon"):
+        compute_advantages(ONE_HOT, "grpo", epsilon=0.1)
+    with pytest.raises(ValueError, match="scale"):
+        compute_advantages(ONE_HOT, "grpo", scale="global")
+    with pytest.raises(ValueError, match="rewards"):
+        compute_advantages(torch.ones(4), "grpo")
+    with pytest.raises(ValueError, match="valid"):
+        compute_advantages(ONE_HOT, "grpo", valid=torch.ones(1, 3, dtype=torch.bool))
+
+
+def test_requires_groups():
+    assert requires_groups("grpo") and requires_groups("rloo") and requires_groups("mean_only")
+    assert requires_groups("process") and requires_groups("reinforce_pp_baseline")
+    assert not requires_groups("reinforce") and not requires_groups("reinforce_pp")
+    assert not requires_groups("ppo")
+    assert outcome_requires_groups("grpo") and not outcome_requires_groups("reinforce")
+    with pytest.raises(ValueError, match="grpo"):
+        requires_groups("nope")
+    assert set(OUTCOME_ESTIMATORS.names()) <= set(TOKEN_ESTIMATORS.names())
+
+
+# ----------------------------------------------------------------- token broadcast
+
+
+def _mask(lengths, T):
+    return (torch.arange(T).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)).float()
+
+
+def test_token_grpo_broadcasts_over_valid_tokens():
+    mask = _mask([2, 3], 3)
+    ctx = AdvantageContext(scores=torch.tensor([[1.0, 0.0]]), token_rewards=torch.zeros(2, 3),
+                           mask=mask)
+    a = 1 / math.sqrt(2)  # mean .5, unbiased std sqrt(.5)
+    out = estimate_advantages("grpo", ctx)
+    assert close(out.advantages, [[a, a, 0.0], [-a, -a, -a]])
+    assert out.returns is None
+
+
+def test_token_estimator_excludes_empty_rows():
+    mask = _mask([1, 1, 0], 2)
+    ctx = AdvantageContext(scores=torch.tensor([[1.0, 0.0, 7.0]]),
+                           token_rewards=torch.zeros(3, 2), mask=mask)
+    out = estimate_advantages("mean_only", ctx)
+    assert close(out.advantages, [[0.5, 0.0], [-0.5, 0.0], [0.0, 0.0]])
+
+
+def test_token_reinforce_ema_uses_ctx_state():
+    ctx = AdvantageContext(scores=torch.tensor([[1.0], [0.0]]), token_rewards=torch.zeros(2, 2),
+                           mask=_mask([2, 1], 2))
+    out = estimate_advantages("reinforce", ctx, baseline="ema")
+    assert close(out.advantages, [[0.5, 0.5], [-0.5, 0.0]])
+    assert ctx.state["ema"] == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="state"):
+        estimate_advantages("reinforce", ctx, baseline="ema", state={})
+
+
+def test_token_estimator_errors():
+    ctx = AdvantageContext(scores=torch.ones(2, 1), token_rewards=torch.zeros(2, 2),
+                           mask=_mask([2, 1], 2))
+    with pytest.raises(ValueError, match="group_size must be >= 2 for estimator 'grpo'"):
+        estimate_advantages("grpo", ctx)
+    with pytest.raises(ValueError) as e:
+        estimate_advantages("gae", ctx)
+    assert "ppo" in str(e.value) and "reinforce_pp" in str(e.value)
+    bad = AdvantageContext(scores=torch.ones(1, 3), token_rewards=torch.zeros(2, 2),
+                           mask=_mask([2, 1], 2))
+    with pytest.raises(ValueError, match="P\\*G"):
+        estimate_advantages("reinforce", bad)
+
+
+# ----------------------------------------------------------------- utils / registry
+
+
+def test_masked_mean_var_whiten():
+    x = torch.tensor([1.0, 2.0, 3.0, 100.0])
+    m = torch.tensor([1.0, 1.0, 1.0, 0.0])
+    assert float(masked_mean(x, m)) == pytest.approx(2.0)
+    assert float(masked_var(x, m)) == pytest.approx(1.0)
+    assert float(masked_var(x, m, unbiased=False)) == pytest.approx(2 / 3)
+    assert close(masked_whiten(x, m), [-1.0, 0.0, 1.0, 0.0])
+    assert close(masked_whiten(x, m, shift_mean=False), [1.0, 2.0, 3.0, 0.0])
+    assert float(masked_mean(x, torch.zeros(4))) == 0.0
+    with pytest.raises(ValueError, match="mask"):
+        masked_mean(x, torch.ones(3))
+
+
+def test_pass_at_k():
+    assert pass_at_k(4, 1, 1) == pytest.approx(0.25)
+    assert pass_at_k(4, 1, 2) == pytest.approx(0.5)
+    assert pass_at_k(4, 1, 4) == pytest.approx(1.0)
+    assert pass_at_k(4, 0, 2) == 0.0
+    assert pass_at_k(10, 3, 5) == pytest.approx(1 - 21 / 252)  # 1 - C(7,5)/C(10,5)
+    for bad in [(4, 1, 5), (4, 5, 1), (0, 0, 1), (4, 1, 0), (4, -1, 1), (4.0, 1, 1)]:
+        with pytest.raises(ValueError):
+            pass_at_k(*bad)
+
+
+def test_explained_variance():
+    y = torch.tensor([1.0, 2.0, 3.0])
+    assert explained_variance(y, y) == pytest.approx(1.0)
+    assert explained_variance(torch.full((3,), 2.0), y) == pytest.approx(0.0)
+    assert math.isnan(explained_variance(y, torch.ones(3)))
+
+
+def test_registry():
+    reg = Registry("widget")
+
+    @reg.register("a")
+    def a():
+        return 1
+
+    assert reg.get("a") is a and reg.names() == ["a"] and "a" in reg
+    with pytest.raises(ValueError, match="already"):
+        reg.register("a")(a)
+    with pytest.raises(ValueError, match="valid names: a"):
+        reg.get("b")

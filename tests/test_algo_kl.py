@@ -1,0 +1,60 @@
+"""KL penalty estimators (Schulman 2020 k1/k2/k3), hand-computed."""
+
+import math
+
+import pytest
+import torch
+
+from harness.algo import KL_ESTIMATORS, kl_penalty
+
+LOGP = torch.tensor([[-1.0]])
+REF = torch.tensor([[-1.5]])
+
+
+@pytest.mark.parametrize(
+    "form,expected",
+    [
+        ("k1", 0.5),  # -1.0 - (-1.5)
+        ("k2", 0.125),  # 0.5 * 0.5^2
+        ("k3", math.exp(-0.5) + 0.5 - 1.0),  # 0.106531
+        ("kl", 0.5),
+        ("mse", 0.125),
+        ("low_var_kl", 0.106531),
+    ],
+)
+def test_kl_forms_hand(form, expected):
+    assert float(kl_penalty(LOGP, REF, form)) == pytest.approx(expected, abs=1e-6)
+
+
+def test_k3_gradient_and_nonnegativity():
+    logp = torch.tensor([[-1.0]], requires_grad=True)
+    kl_penalty(logp, REF, "k3").sum().backward()
+    # d/dlogp [exp(ref - logp) - (ref - logp) - 1] = 1 - exp(ref - logp)
+    assert float(logp.grad) == pytest.approx(1 - math.exp(-0.5), abs=1e-6)
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(4, 7, generator=g), torch.randn(4, 7, generator=g)
+    assert (kl_penalty(a, b, "k3") >= 0).all() and (kl_penalty(a, b, "k2") >= 0).all()
+    assert torch.equal(kl_penalty(a, a, "k3"), torch.zeros(4, 7))
+
+
+def test_clamp_default_none_and_mask():
+    logp, ref = torch.tensor([[0.0, -1.0]]), torch.tensor([[30.0, -1.5]])
+    raw = kl_penalty(logp, ref, "k3")
+    assert float(raw[0, 0]) == pytest.approx(math.exp(30) - 31, rel=1e-5)  # no clamp by default
+    clamped = kl_penalty(logp, ref, "k3", clamp=10.0)
+    assert float(clamped[0, 0]) == 10.0
+    assert float(clamped[0, 1]) == pytest.approx(0.106531, abs=1e-6)
+    masked = kl_penalty(LOGP.expand(1, 2), REF.expand(1, 2), "k1", mask=torch.tensor([[1, 0]]))
+    assert masked.tolist() == [[0.5, 0.0]]
+
+
+def test_errors_list_valid_names():
+    with pytest.raises(ValueError) as e:
+        kl_penalty(LOGP, REF, "k4")
+    for name in ("k1", "k2", "k3", "low_var_kl"):
+        assert name in str(e.value)
+    assert {"k1", "k2", "k3"} <= set(KL_ESTIMATORS.names())
+    with pytest.raises(ValueError, match="ref_logprobs"):
+        kl_penalty(LOGP, torch.zeros(1, 2), "k1")
+    with pytest.raises(ValueError, match="clamp"):
+        kl_penalty(LOGP, REF, "k3", clamp=0.0)
