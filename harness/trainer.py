@@ -105,8 +105,8 @@ class Trainer:
         """
         cfg, G, P = self.cfg, self.cfg.group_size, self.cfg.train.prompts_per_step
         rounds = cfg.train.dynamic_sampling_max_rounds if cfg.train.dynamic_sampling else 1
-        kept, kept_rewards, kept_problems, t_roll, t_rew, sampled = [], [], [], 0.0, 0.0, 0
-        for _ in range(rounds):
+        kept, kept_rewards, kept_problems, t_roll, t_rew, sampled, info = [], [], [], 0.0, 0.0, 0, {}
+        for round_ in range(rounds):
             need = P - sum(len(p) for p in kept_problems)
             problems = [self.task.train_problem(self.data_pos + i, cfg.seed) for i in range(need)]
             self.data_pos += need
@@ -124,10 +124,11 @@ class Trainer:
             if cfg.train.dynamic_sampling:
                 std = rew.rewards.view(-1, G).std(dim=1)
                 groups = [i for i in range(len(problems)) if std[i] > 0]
-                if len(kept) + 1 < rounds and not groups:
-                    continue
-                rows = [i * G + g for i in groups for g in range(G)] if groups else list(range(len(problems) * G))
-                groups = groups or list(range(len(problems)))
+                if not groups:
+                    if round_ < rounds - 1 or kept:
+                        continue
+                    groups = list(range(len(problems)))  # nothing kept at all: train on the last draw
+                rows = [i * G + g for i in groups for g in range(G)]
                 batch, problems = batch.select(rows), [problems[i] for i in groups]
                 rew = _select_rewards(rew, rows)
             kept.append(batch)
@@ -135,11 +136,12 @@ class Trainer:
             kept_problems.append(problems)
             if sum(len(p) for p in kept_problems) >= P:
                 break
+        info["train/groups_kept"] = sum(len(p) for p in kept_problems)
         batch = concat_batches(kept, self.tok.pad_token_id)
         rew = _cat_rewards(kept_rewards)
         problems = [p for ps in kept_problems for p in ps]
-        return batch, rew, problems, {"time/rollout_s": t_roll, "time/reward_s": t_rew,
-                                      "train/prompts_sampled": sampled}
+        info.update({"time/rollout_s": t_roll, "time/reward_s": t_rew, "train/prompts_sampled": sampled})
+        return batch, rew, problems, info
 
     # ---------------------------------------------------------------------- step
     def train_step(self) -> dict:

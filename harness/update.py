@@ -106,7 +106,7 @@ def critic_pass(critic, batch: TrainBatch, clip_range: float, vf_coef: float, mi
         loss = vf_coef * aggregate_loss(per_token, mask, "token-mean", **norm)
         loss.backward()
         w = float(mask.sum()) / total
-        sums["value_loss"] = sums.get("value_loss", 0.0) + float(loss)
+        sums["value_loss"] = sums.get("value_loss", 0.0) + float(loss.detach())
         for k, v in stats.items():
             sums[k] = sums.get(k, 0.0) + float(v) * w
     return sums

@@ -1,0 +1,224 @@
+"""A small pool of verifier worker processes with per-item deadlines.
+
+Why not ``concurrent.futures.ProcessPoolExecutor``: it cannot kill one stuck task (a sympy
+call inside C code ignores everything but SIGKILL), and a killed worker breaks the whole
+executor. Why not ``multiprocessing`` spawn/forkserver: spawn re-imports the trainer's
+``__main__`` module (which imports torch) in every worker, forkserver imports it in its
+server by default and its preload list is process-global state shared with other code.
+Each worker here is a plain ``subprocess`` running ``python -m harness.verifiers._worker``
+and speaking JSON lines over its stdin/stdout, so it can be killed and replaced on its own,
+imports only the verifier stack, and works the same from any thread. Batches from different
+threads are serialised by a lock.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import selectors
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
+STARTUP_TIMEOUT_S = 60.0  # a fresh worker must report ready within this
+BATCH_SLACK_S = 15.0  # allowance for worker (re)starts on top of the per-item deadlines
+MAX_START_FAILURES = 3  # consecutive failed starts before a batch gives up (status "error")
+
+_REPO_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+class _Worker:
+    """One worker subprocess plus its read buffer and state."""
+
+    def __init__(self) -> None:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, env.get("PYTHONPATH")) if p)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "harness.verifiers._worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            close_fds=True,
+        )
+        self.fd = self.proc.stdout.fileno()  # type: ignore[union-attr]
+        os.set_blocking(self.fd, False)
+        self.buf = b""
+        self.ready = False
+        self.started = time.monotonic()
+        self.job: int | None = None  # index of the in-flight job
+        self.deadline = 0.0
+
+    def send(self, obj: dict) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(obj).encode("utf-8") + b"\n")
+        self.proc.stdin.flush()
+
+    def read_lines(self) -> tuple[list[dict], bool]:
+        """Drain readable bytes; return parsed messages and whether EOF was reached."""
+        eof = False
+        while True:
+            try:
+                chunk = os.read(self.fd, 1 << 16)
+            except BlockingIOError:
+                break
+            except OSError:
+                eof = True
+                break
+            if not chunk:
+                eof = True
+                break
+            self.buf += chunk
+        msgs = []
+        while b"\n" in self.buf:
+            line, self.buf = self.buf.split(b"\n", 1)
+            try:
+                msgs.append(json.loads(line))
+            except ValueError:
+                msgs.append({"ok": False, "error": "unreadable worker reply"})
+        return msgs, eof
+
+    def kill(self) -> None:
+        try:
+            self.proc.kill()
+        except OSError:
+            pass
+        self._close()
+        try:
+            self.proc.wait(timeout=5)
+        except (subprocess.TimeoutExpired, OSError):
+            pass
+
+    def close(self, grace_s: float = 1.0) -> None:
+        """Ask politely (stdin EOF), then kill."""
+        try:
+            if self.proc.stdin:
+                self.proc.stdin.close()
+            self.proc.wait(timeout=grace_s)
+        except (subprocess.TimeoutExpired, OSError, ValueError):
+            self.kill()
+        self._close()
+
+    def _close(self) -> None:
+        for f in (self.proc.stdin, self.proc.stdout):
+            try:
+                if f:
+                    f.close()
+            except OSError:
+                pass
+
+
+class WorkerPool:
+    """Reusable pool; ``run`` executes a list of requests with a per-item deadline."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._workers: list[_Worker] = []
+        self.pid = os.getpid()
+        self.closed = False
+
+    def run(self, jobs: list[dict], timeout_s: float, num_workers: int) -> list[dict]:
+        """Run ``jobs`` (worker requests) in parallel; one reply dict per job, in order.
+
+        A reply is the worker's ``{"ok": True, ...}`` / ``{"ok": False, "error": ...}``, or
+        ``{"ok": False, "timeout": True}`` when the item exceeded ``timeout_s`` seconds after
+        dispatch (its worker is killed and replaced) or was still waiting when the batch
+        budget ``timeout_s * ceil(len(jobs) / num_workers) + BATCH_SLACK_S`` ran out.
+        Never raises for worker failures.
+        """
+        if not jobs:
+            return []
+        with self._lock:
+            if self.closed:
+                raise RuntimeError("verifier pool is shut down")
+            return self._run_locked(jobs, timeout_s, max(1, min(num_workers, len(jobs))))
+
+    def _run_locked(self, jobs: list[dict], timeout_s: float, n: int) -> list[dict]:
+        results: list[dict | None] = [None] * len(jobs)
+        pending = deque(range(len(jobs)))
+        # whole-batch budget: items not dispatched by then are reported as timeouts, so a
+        # batch full of slow items cannot take len(jobs) * (timeout + worker restart)
+        batch_deadline = time.monotonic() + timeout_s * math.ceil(len(jobs) / n) + BATCH_SLACK_S
+        self._workers = [w for w in self._workers if w.proc.poll() is None]
+        start_failures = 0
+        while len(self._workers) < n:
+            self._workers.append(_Worker())
+        active = self._workers[:n]
+        sel = selectors.DefaultSelector()
+        for w in active:
+            sel.register(w.fd, selectors.EVENT_READ, w)
+
+        def replace(w: _Worker) -> None:
+            sel.unregister(w.fd)
+            w.kill()
+            new = _Worker()
+            self._workers[self._workers.index(w)] = new
+            active[active.index(w)] = new
+            sel.register(new.fd, selectors.EVENT_READ, new)
+
+        try:
+            while pending or any(w.job is not None for w in active):
+                now = time.monotonic()
+                for w in active:  # dispatch
+                    if w.ready and w.job is None and pending:
+                        idx = pending.popleft()
+                        try:
+                            w.send(jobs[idx])
+                            w.job, w.deadline = idx, time.monotonic() + timeout_s
+                        except (OSError, ValueError):
+                            pending.appendleft(idx)
+                            replace(w)
+                waits = [w.deadline for w in active if w.job is not None]
+                waits += [w.started + STARTUP_TIMEOUT_S for w in active if not w.ready]
+                wait_s = max(0.0, min(waits) - time.monotonic()) if waits else 0.05
+                for key, _ in sel.select(timeout=min(wait_s, 1.0) + 0.001):
+                    w = key.data
+                    msgs, eof = w.read_lines()
+                    for msg in msgs:
+                        if msg.get("ready"):
+                            w.ready, start_failures = True, 0
+                        elif w.job is not None:
+                            results[w.job], w.job = msg, None
+                    if eof:
+                        if w.job is not None:
+                            results[w.job] = {"ok": False, "error": "worker died"}
+                            w.job = None
+                        elif not w.ready:
+                            start_failures += 1
+                        replace(w)
+                now = time.monotonic()
+                for w in list(active):  # deadlines
+                    if w.job is not None and now > w.deadline:
+                        results[w.job] = {"ok": False, "timeout": True}
+                        w.job = None
+                        replace(w)
+                    elif not w.ready and now > w.started + STARTUP_TIMEOUT_S:
+                        start_failures += 1
+                        replace(w)
+                if start_failures >= MAX_START_FAILURES and not any(w.ready for w in active):
+                    break
+                if now > batch_deadline:
+                    while pending:
+                        results[pending.popleft()] = {"ok": False, "timeout": True}
+        finally:
+            sel.close()
+        for i, r in enumerate(results):
+            if r is None:
+                results[i] = {"ok": False, "error": "verifier workers failed to start"}
+        return results  # type: ignore[return-value]
+
+    def shutdown(self) -> None:
+        """Stop all workers (idempotent)."""
+        got = self._lock.acquire(timeout=10.0)  # a daemon thread may hold it at exit
+        try:
+            self.closed = True
+            workers, self._workers = self._workers, []
+        finally:
+            if got:
+                self._lock.release()
+        for w in workers:
+            w.close()

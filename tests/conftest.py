@@ -1,0 +1,87 @@
+"""Shared fixtures: composed configs, the embedded tokenizer, tiny random Llama models."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared" / "data"
+CONF = ROOT / "conf"
+
+# Tests read the local copies of the data sets (never the hub).
+os.environ.setdefault("HARNESS_GSM8K_DIR", str(SHARED / "gsm8k"))
+os.environ.setdefault("HARNESS_MATH_DIR", str(SHARED / "math"))
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# Small, fast job used by most pipeline tests (a few seconds with the tiny model).
+QUICK = [
+    "model=tiny", "task=arith", "train.steps=2", "train.prompts_per_step=2", "group_size=4",
+    "rollout.max_new_tokens=12", "eval.size=4", "eval.every=1", "checkpoint.every=0",
+    "rollout.progress=false", "train.micro_batch_size=4",
+]
+
+
+def compose(*overrides: str):
+    """Compose ``conf/config.yaml`` with overrides, as ``python -m harness.run`` would."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from harness.config import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return hydra_compose(config_name="config", overrides=list(overrides))
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    from harness.models import EMBEDDED_NAME, load_tokenizer
+
+    return load_tokenizer(EMBEDDED_NAME)
+
+
+def tiny_llama(tokenizer, seed: int = 0, **kw):
+    """A 2-layer random Llama with the embedded tokenizer's vocabulary (float32, eval mode off)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                      tie_word_embeddings=True, **kw)
+    model = LlamaForCausalLM(cfg)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model
+
+
+@pytest.fixture
+def run_dir(tmp_path, monkeypatch):
+    """Run jobs inside a temp dir with their own MLflow sqlite store."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    return tmp_path
+
+
+def run_job(*overrides: str, on_eval=None):
+    """Compose and train; returns (final accuracy, MLflow run data, metric-history getter)."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    from harness.run import train
+
+    cfg = compose(*QUICK, *overrides)
+    acc = train(cfg, on_eval=on_eval)
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    runs = mlflow.search_runs(experiment_names=[cfg.tracking.experiment], order_by=["start_time DESC"],
+                              output_format="list")
+    run = client.get_run(runs[0].info.run_id)
+
+    def history(key):
+        return [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, key)]
+
+    return acc, run, history

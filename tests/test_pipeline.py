@@ -1,0 +1,84 @@
+"""End to end with the tiny model: every estimator, KL form/placement, aggregation and option
+runs 2 steps, logs to MLflow, and the on-policy ratio is exactly 1."""
+
+import math
+
+import pytest
+
+from tests.conftest import run_job
+
+REQUIRED_METRICS = [
+    "train/reward_mean", "train/reward_std", "train/accuracy", "train/format_rate",
+    "train/frac_reward_zero_std", "train/completion_len_mean", "train/completion_len_max",
+    "train/clipped_ratio", "train/kl", "train/clip_frac_low", "train/clip_frac_high", "train/entropy",
+    "train/loss", "train/grad_norm", "train/lr", "time/rollout_s", "time/logprob_s", "time/update_s",
+    "time/reward_s", "time/step_s", "perf/tokens_per_s", "perf/peak_mem_bytes", "eval/accuracy",
+    "eval/format_rate",
+]
+
+
+def test_two_steps_log_params_metrics_tags_and_artifacts(run_dir):
+    acc, run, history = run_job("beta=0.1", "eval.num_samples=2")
+    assert 0.0 <= acc <= 1.0
+    params, tags = run.data.params, run.data.tags
+    assert params["advantage.name"] == "grpo" and params["group_size"] == "4" and params["beta"] == "0.1"
+    assert params["task.name"] == "arith" and params["kl.form"] == "k3"
+    assert tags["estimator"] == "grpo" and tags["group_size"] == "4" and tags["task"] == "arith"
+    assert len(tags["git_commit"]) in (7, 40) or tags["git_commit"] == "unknown"
+    for key in REQUIRED_METRICS:
+        assert key in run.data.metrics, key
+    assert [s for s, _ in history("train/reward_mean")] == [1, 2]  # each step logged once
+    assert [s for s, _ in history("eval/accuracy")] == [0, 1, 2]  # before, every step, end
+    assert "eval/pass_at_k" in run.data.metrics and "eval/mean_at_k" in run.data.metrics
+    assert run.data.metrics["eval/pass_at_k"] >= run.data.metrics["eval/mean_at_k"] - 1e-9
+    assert run.data.metrics["train/kl"] >= 0 and run.data.metrics["perf/peak_mem_bytes"] > 1e6
+    assert run.info.status == "FINISHED"
+    from mlflow.tracking import MlflowClient
+
+    files = {f.path for f in MlflowClient().list_artifacts(run.info.run_id)}
+    assert "config" in files and "samples" in files
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "mean_only", "rloo", "reinforce", "reinforce_pp",
+                                       "reinforce_pp_baseline", "ppo", "process"])
+def test_every_estimator_runs(run_dir, estimator):
+    _, run, history = run_job(f"advantage={estimator}")
+    assert run.data.tags["estimator"] == estimator
+    assert math.isfinite(run.data.metrics["train/loss"])
+    if estimator == "ppo":
+        assert "train/value_loss" in run.data.metrics and "train/vf_clip_frac" in run.data.metrics
+
+
+@pytest.mark.parametrize("form", ["k1", "k2", "k3"])
+@pytest.mark.parametrize("placement", ["loss", "reward"])
+def test_every_kl_form_and_placement(run_dir, form, placement):
+    _, run, _ = run_job(f"kl.form={form}", f"kl.placement={placement}", "beta=0.1", "kl.ref_refresh_steps=1")
+    assert math.isfinite(run.data.metrics["train/loss"])
+    assert run.data.params["kl.placement"] == placement
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
+                                 "seq-mean-token-sum-norm"])
+def test_every_loss_aggregation(run_dir, agg):
+    _, run, _ = run_job(f"loss_agg={agg}", "train.micro_batch_size=3")
+    assert math.isfinite(run.data.metrics["train/loss"])
+
+
+@pytest.mark.parametrize("extra", [
+    ["ratio_level=sequence"], ["epsilon_high=0.28", "dual_clip=3.0"], ["entropy_coef=0.01"],
+    ["train.dynamic_sampling=true", "train.dynamic_sampling_max_rounds=2"],
+    ["overlong.mask_truncated=true", "overlong.buffer=4"], ["train.lr_schedule=cosine", "train.warmup_steps=1"],
+    ["advantage=ppo", "advantage.critic_warmup_steps=1", "advantage.critic_init=random"],
+])
+def test_options_run(run_dir, extra):
+    _, run, _ = run_job(*extra)
+    assert run.info.status == "FINISHED"
+
+
+def test_mu1_is_on_policy_end_to_end(run_dir):
+    """mu=1: the ratio is exactly 1 and the clip fraction exactly 0 at every step."""
+    _, run, history = run_job("mu=1", "train.lr=1e-2", "epsilon=0.01")
+    assert all(v == 0.0 for _, v in history("train/clip_frac"))
+    assert all(v == 1.0 for _, v in history("train/ratio_mean"))
+    _, run, history = run_job("mu=2")
+    assert run.info.status == "FINISHED"
