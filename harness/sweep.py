@@ -315,14 +315,14 @@ def preflight(sweep: Sweep, base: list[str]) -> None:
         try:
             validate(compose(ovr))
         except _config_errors() as e:
-            msg = " ".join(str(e).split())
+            msg = " ".join(str(e).split()).split(" Config search path:")[0]
             raise sweep.err(where, f"{msg} (overrides: {' '.join(ovr)})") from None
 
-    first = [f"{p.name}={format_value(p.probe_values()[0])}" for p in sweep.params]
-    check("overrides", merge_overrides(base, first))
+    check("overrides", base)
     for p in sweep.params:
-        for v in p.probe_values()[1:]:
-            check(f"params.{p.name}", merge_overrides(base, first, [f"{p.name}={format_value(v)}"]))
+        for v in p.probe_values():
+            check(f"params.{p.name}", merge_overrides(base, [f"{p.name}={format_value(v)}"]))
+    check("params", merge_overrides(base, [f"{p.name}={format_value(p.probe_values()[0])}" for p in sweep.params]))
 
 
 # --------------------------------------------------------------------------- storage
@@ -485,6 +485,13 @@ def _counts(study) -> dict:
     return out
 
 
+def dashboard_url(url: str) -> str:
+    """``url`` with a relative sqlite path made absolute (to paste into optuna-dashboard)."""
+    if url.startswith("sqlite:///") and not url.startswith("sqlite:////") and url != "sqlite:///:memory:":
+        return "sqlite:///" + str(Path.cwd() / url[len("sqlite:///"):])
+    return url
+
+
 def summary(study, sweep: Sweep, storage_url: str) -> str:
     c = _counts(study)
     lines = [f"== sweep {study.study_name} ({sweep.direction} {sweep.metric}) ==",
@@ -598,7 +605,7 @@ def run_sweep(sweep: Sweep, base: list[str], seed: int | None = None) -> int:
     finally:
         if old_term is not None:
             signal.signal(signal.SIGTERM, old_term)
-    print(summary(study, sweep, sweep.storage), flush=True)
+    print(summary(study, sweep, dashboard_url(sweep.storage)), flush=True)
     if status == 0:
         new = [t for t in study.get_trials(deepcopy=False) if t.number not in before]
         if new and not any(t.state in finished for t in new) and _counts(study)["complete"] == 0:

@@ -62,6 +62,11 @@ class Tracker:
         from mlflow.tracking import MlflowClient
 
         self.uri = uri
+        if uri.startswith("sqlite:///"):
+            db = Path(uri[len("sqlite:///"):])
+            if not db.parent.is_dir():
+                raise TrackingError(f"tracking store {uri!r}: folder {str(db.parent)!r} does not exist; "
+                                    "create it or set tracking.uri / MLFLOW_TRACKING_URI to another sqlite path")
         mlflow.set_tracking_uri(uri)
         if uri.startswith("http"):  # fail fast instead of MLflow's long retry loop
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")

