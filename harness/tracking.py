@@ -81,7 +81,7 @@ class Tracker:
                 "or MLFLOW_TRACKING_URI to a reachable server or a sqlite URL like sqlite:///mlflow.db"
             ) from e
         self.run_id: str | None = None
-        self._pending: list = []
+        self.pending: list = []
 
     def start(self, run_name: str | None = None, run_id: str | None = None) -> str:
         """Create a run, or reopen ``run_id`` (resume); returns the run id.
@@ -120,7 +120,7 @@ class Tracker:
         now = int(time.time() * 1000)
         for k, v in metrics.items():
             if v is not None and math.isfinite(float(v)):
-                self._pending.append(Metric(k, float(v), now, step))
+                self.pending.append(Metric(k, float(v), now, step))
 
     def log_metrics(self, metrics: dict, step: int) -> None:
         """Queue and flush; on failure the values stay queued for the next flush."""
@@ -129,14 +129,14 @@ class Tracker:
 
     def flush(self) -> bool:
         """Send queued metrics. Returns False (keeping them queued) if the store is unreachable."""
-        while self._pending:
-            batch = self._pending[:500]
+        while self.pending:
+            batch = self.pending[:500]
             try:
                 self.client.log_batch(self.run_id, metrics=batch)
             except Exception as e:  # network drop: keep training, retry at the next flush
-                log.warning("MLflow unreachable (%s); %d metric values buffered", e, len(self._pending))
+                log.warning("MLflow unreachable (%s); %d metric values buffered", e, len(self.pending))
                 return False
-            del self._pending[: len(batch)]
+            del self.pending[: len(batch)]
         return True
 
     def log_text(self, text: str, artifact_file: str) -> None:

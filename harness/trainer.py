@@ -290,7 +290,7 @@ class Trainer:
                      f"eval_acc {m['eval/accuracy']:.3f} " if "eval/accuracy" in m else "", m["time/step_s"])
             periodic = self.checkpoint_dir is not None and cfg.checkpoint.every > 0
             due = periodic and step % cfg.checkpoint.every == 0
-            if due or last:
+            if due or last:  # the checkpoint holds the unflushed metrics: see load_state_dict
                 self.save_checkpoint(finished=last)
             if due or last or not periodic:
                 self.tracker.flush()
@@ -306,6 +306,7 @@ class Trainer:
             "critic_optimizer": self.critic_opt.state_dict() if self.critic_opt is not None else None,
             "adv_state": self.adv_state, "rng": ckpt.rng_state(), "skipped": self.skipped,
             "elapsed_s": self.elapsed_before + time.time() - self.start_time,
+            "pending_metrics": [(m.key, m.value, m.timestamp, m.step) for m in self.tracker.pending],
         }
 
     def save_checkpoint(self, finished: bool = False):
@@ -331,6 +332,21 @@ class Trainer:
         self.elapsed_before = state.get("elapsed_s", 0.0)
         ckpt.set_rng_state(state["rng"])
         self.backend.sync_weights(self.policy)
+        self._log_pending(state.get("pending_metrics") or [])
+
+    def _log_pending(self, pending: list) -> None:
+        """Send the metrics a checkpoint holds unless MLflow already has them (exactly once).
+
+        A run killed between writing a checkpoint and flushing its metrics would otherwise
+        miss those steps; one killed after the flush would log them twice on resume.
+        """
+        from mlflow.entities import Metric
+
+        logged = {step for step, _ in self.tracker.metric_history("time/step_s")}
+        logged |= {step for step, _ in self.tracker.metric_history("eval/accuracy")}
+        todo = [Metric(k, v, ts, st) for k, v, ts, st in pending if st not in logged]
+        self.tracker.pending.extend(todo)
+        self.tracker.flush()
 
 
 def _accumulate(total: dict, new: dict, n: int) -> None:

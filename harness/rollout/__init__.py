@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from harness.rollout.base import RolloutBackend, RolloutBatch, SamplingParams, concat_batches
 
-BACKENDS = ("hf", "vllm")
+# A vLLM backend implements RolloutBackend (generate + sync_weights) and registers here.
+BACKENDS = ("hf",)
 
 
 def build_backend(name: str, model, tokenizer, **kwargs) -> RolloutBackend:
@@ -17,10 +18,6 @@ def build_backend(name: str, model, tokenizer, **kwargs) -> RolloutBackend:
         from harness.rollout.hf import HFRollout
 
         return HFRollout(model, tokenizer, **kwargs)
-    if name == "vllm":
-        from harness.rollout.vllm import VLLMRollout
-
-        return VLLMRollout(model, tokenizer, **kwargs)
     raise ValueError(f"rollout.backend={name!r}: expected one of {list(BACKENDS)}")
 
 
