@@ -1,0 +1,95 @@
+"""Tasks: data loading, gold extraction, seeded eval subsets, the arith generator, prompts, rewards."""
+
+import torch
+
+from harness.tasks import build_task
+from harness.tasks.arith import make_problem
+from harness.tasks.gsm8k import gold_from_answer
+from tests.conftest import QUICK, compose
+
+
+def test_gsm8k_gold_is_text_after_last_marker():
+    assert gold_from_answer("He has 3 + 4 = <<3+4=7>>7.\n#### 7") == "7"
+    assert gold_from_answer("a #### 1\nb #### 1,250") == "1250"
+
+
+def test_gsm8k_local_files_and_fixed_seeded_eval_subset():
+    cfg = compose(*QUICK, "task=gsm8k", "task.eval_size=20", "task.eval_seed=7").task
+    a, b = build_task(cfg), build_task(cfg)
+    assert len(a.train) == 7473 and len(a.eval) == 20
+    assert [p.id for p in a.eval] == [p.id for p in b.eval]  # same seed, same subset
+    other = build_task(compose(*QUICK, "task=gsm8k", "task.eval_size=20", "task.eval_seed=8").task)
+    assert [p.id for p in other.eval] != [p.id for p in a.eval]
+    first = a.train[0]
+    assert first.question.startswith("Natalia sold clips") and first.gold == "72"
+
+
+def test_train_stream_is_a_seeded_permutation_per_epoch():
+    task = build_task(compose(*QUICK, "task=gsm8k", "task.train_size=5").task)
+    epoch0 = [task.train_problem(i, seed=0).id for i in range(5)]
+    assert sorted(epoch0) == sorted(p.id for p in task.train)  # each problem once per epoch
+    assert [task.train_problem(i, seed=0).id for i in range(5)] == epoch0  # reproducible
+    assert [task.train_problem(i, seed=1).id for i in range(5)] != epoch0
+
+
+def test_math_task_reads_math500_and_filters():
+    task = build_task(compose(*QUICK, "task=math", "task.levels=[1]", "task.subjects=[Algebra]",
+                              "task.eval_size=1000").task)
+    assert task.eval and all(p.meta["level"] == 1 and p.meta["subject"] == "Algebra" for p in task.eval)
+    assert all(p.id.startswith("test/algebra/") for p in task.eval)
+    assert len(task.train) > 100
+
+
+def test_arith_problems_are_deterministic_and_correct():
+    import random
+
+    q, a, steps = make_problem(random.Random(3), digits=2, num_ops=3, operators=["+", "-", "*"], distractors=2)
+    q2, a2, _ = make_problem(random.Random(3), digits=2, num_ops=3, operators=["+", "-", "*"], distractors=2)
+    assert (q, a) == (q2, a2) and len(steps) == 3
+    # replay the worked steps: each starts from the previous result, the last gives the answer
+    value = None
+    for s in steps:
+        lhs, rhs = s.split(" = ")
+        x, op, y = lhs.split()
+        assert value is None or int(x) == value
+        value = {"+": int(x) + int(y), "-": int(x) - int(y), "*": int(x) * int(y)}[op]
+        assert value == int(rhs)
+    assert value == a and a >= 0
+
+
+def test_arith_task_prompt_uses_chat_template_and_shots(tokenizer):
+    task = build_task(compose(*QUICK, "task.num_shots=2").task)
+    p = task.eval[0]
+    text = task.prompt(p, tokenizer)
+    assert text.count("<|im_start|>user") == 3 and text.count("<|im_start|>assistant") == 3
+    assert text.endswith("<|im_start|>assistant\n") and p.question in text
+    assert task.train_problem(0, 0) == task.train_problem(0, 0) and task.train_problem(0, 0) != task.train_problem(1, 0)
+
+
+def test_rewards_combine_correctness_format_and_overlong():
+    from harness.rewards import compute_rewards, overlong_penalty
+
+    task = build_task(compose(*QUICK).task)
+    out = compute_rewards(task, ["so #### 12", "12", "#### 13"], ["12", "12", "12"], torch.tensor([5, 5, 10]),
+                          format_weight=0.5, max_new_tokens=10, overlong_buffer=4, overlong_factor=1.0)
+    assert out.correct.tolist() == [1.0, 1.0, 0.0]
+    assert out.formatted.tolist() == [1.0, 0.0, 1.0]
+    # length 10 of 10 with a buffer of 4: (10 - 6) / 4 = 1 -> penalty -1
+    assert out.overlong.tolist() == [0.0, 0.0, -1.0]
+    assert out.rewards.tolist() == [1.5, 1.0, -0.5]
+    assert overlong_penalty(torch.tensor([7]), 10, 4, 0.5).tolist() == [-0.125]
+
+
+def test_process_step_rewards_map_to_tokens(tokenizer):
+    from harness.rewards import process_step_rewards
+
+    task = build_task(compose(*QUICK).task)
+    text = "12 + 5 = 17\n17 - 3 = 15\n#### 14"
+    ids = torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]])
+    mask = torch.ones_like(ids)
+    steps = process_step_rewards(task, tokenizer, [text], ids, mask, torch.tensor([0.0]))[0]
+    rewards = [r for _, r in steps]
+    assert rewards[:2] == [1.0, 0.0]  # first step right, second wrong (17 - 3 = 14)
+    assert steps[-1][0] == ids.shape[1] - 1  # the outcome sits on the last token
+    first_end = tokenizer.decode(ids[0, : steps[0][0] + 1])
+    assert first_end.rstrip().endswith("17")
