@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import math
 import os
@@ -45,6 +47,20 @@ def flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
+@contextlib.contextmanager
+def _store_lock(uri: str):
+    """An exclusive file lock beside a sqlite store while it is opened (no-op for other URIs)."""
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    with open(uri[len("sqlite:///"):] + ".lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 class Tracker:
     """Wraps ``MlflowClient`` for one run.
 
@@ -71,15 +87,16 @@ class Tracker:
         if uri.startswith("http"):  # fail fast instead of MLflow's long retry loop
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
-        self.client = MlflowClient(uri)
-        try:
-            exp = self.client.get_experiment_by_name(experiment)
-            self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(experiment)
-        except Exception as e:
-            raise TrackingError(
-                f"tracking store {uri!r} is not usable ({type(e).__name__}: {e}); set tracking.uri=... "
-                "or MLFLOW_TRACKING_URI to a reachable server or a sqlite URL like sqlite:///mlflow.db"
-            ) from e
+        with _store_lock(uri):  # parallel jobs must not create one new sqlite store's tables twice
+            self.client = MlflowClient(uri)
+            try:
+                exp = self.client.get_experiment_by_name(experiment)
+                self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(experiment)
+            except Exception as e:
+                raise TrackingError(
+                    f"tracking store {uri!r} is not usable ({type(e).__name__}: {e}); set tracking.uri=... "
+                    "or MLFLOW_TRACKING_URI to a reachable server or a sqlite URL like sqlite:///mlflow.db"
+                ) from e
         self.run_id: str | None = None
         self.pending: list = []
 
