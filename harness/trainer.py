@@ -301,7 +301,9 @@ class Trainer:
         return {
             "step": self.step, "data_pos": self.data_pos, "run_id": self.tracker.run_id,
             "policy": self.policy.state_dict(), "optimizer": self.opt.state_dict(),
-            "scheduler": self.sched.state_dict(), "ref": self.ref.state_dict() if self.ref is not None else None,
+            "scheduler": self.sched.state_dict(),
+            # the reference only differs from the loaded initial weights once it is refreshed
+            "ref": self.ref.state_dict() if self.ref is not None and self.cfg.kl.ref_refresh_steps else None,
             "critic": self.critic.state_dict() if self.critic is not None else None,
             "critic_optimizer": self.critic_opt.state_dict() if self.critic_opt is not None else None,
             "adv_state": self.adv_state, "rng": ckpt.rng_state(), "skipped": self.skipped,

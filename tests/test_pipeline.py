@@ -113,3 +113,11 @@ def test_multirun_grid_gives_one_mlflow_run_per_job(run_dir):
     assert sorted((x.data.tags["estimator"], int(x.data.tags["group_size"])) for x in runs) == [
         ("grpo", 4), ("grpo", 8), ("grpo", 16), ("ppo", 4), ("ppo", 8), ("ppo", 16)]
     assert all(x.info.status == "FINISHED" for x in runs)
+
+
+@pytest.mark.parametrize("task", ["gsm8k", "math"])
+def test_real_data_tasks_run(run_dir, task):
+    """GSM8K and MATH (MATH-500 eval, math-verify in worker processes) end to end."""
+    _, run, _ = run_job(f"task={task}", "train.steps=1", "eval.size=3")
+    assert run.data.tags["task"] == task and run.info.status == "FINISHED"
+    assert run.data.metrics["verifier/timeouts"] == 0.0
