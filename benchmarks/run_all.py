@@ -24,7 +24,6 @@ from pathlib import Path
 
 import torch
 
-from harness.logprobs import token_logprobs
 from harness.models import EMBEDDED_NAME, load_causal_lm, load_tokenizer
 from harness.perf import PeakMemory
 from harness.rollout import SamplingParams

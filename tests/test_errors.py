@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from harness.validate import ConfigError, validate
-from tests.conftest import QUICK, ROOT, compose, run_job
+from tests.conftest import QUICK, ROOT, compose
 
 
 def _cli(*args, env=None):

@@ -54,7 +54,7 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path):
     assert proc.returncode == -signal.SIGKILL, f"run ended before step {kill_after}"
     resumed = subprocess.run(_cmd(tmp_path, "b"), cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
-    assert f"resuming from" in resumed.stdout + resumed.stderr
+    assert "resuming from" in resumed.stdout + resumed.stderr
 
     run_a, hist_a = _histories(tmp_path, "a")
     run_b, hist_b = _histories(tmp_path, "b")
