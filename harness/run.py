@@ -133,8 +133,8 @@ def train(cfg, on_eval=None) -> float:
             "output_dir": str(output_dir), **({"sweep": cfg.tracking.sweep} if cfg.tracking.sweep else {}),
         })
         tracker.log_text(OmegaConf.to_yaml(cfg, resolve=True), "config/resolved.yaml")
-        if task.skipped_rows:
-            tracker.log_metrics({"data/skipped_rows": task.skipped_rows}, step=0)
+        tracker.log_metrics({"data/skipped_rows": task.skipped_rows,
+                             "data/unparseable_golds": task.unparseable_golds}, step=0)
     status = "FAILED"
     try:
         history = trainer.fit()

@@ -93,3 +93,15 @@ def test_process_step_rewards_map_to_tokens(tokenizer):
     assert steps[-1][0] == ids.shape[1] - 1  # the outcome sits on the last token
     first_end = tokenizer.decode(ids[0, : steps[0][0] + 1])
     assert first_end.rstrip().endswith("17")
+
+
+def test_unparseable_numeric_gold_is_reported_once_per_problem(caplog):
+    from harness.tasks.base import Problem, Task
+
+    task = Task(compose(*QUICK).task)
+    task.name = "gsm8k"
+    with caplog.at_level("WARNING"):
+        task.check_golds([Problem("a", "q", "12"), Problem("b", "q", "twelve"), Problem("c", "q", "1,250")])
+    assert task.unparseable_golds == 1
+    assert len([r for r in caplog.records if "problem b" in r.getMessage()]) == 1
+    assert task.score(["#### twelve"], ["twelve"])[0].correct is False  # never rewarded 1

@@ -27,6 +27,17 @@ def completion_mask_from_ids(completion_ids: torch.Tensor, eos_ids: set[int]) ->
     return mask, truncated
 
 
+class _TokenProgress:
+    """A no-op logits processor that advances a tqdm bar once per decode step."""
+
+    def __init__(self, bar):
+        self.bar = bar
+
+    def __call__(self, input_ids, scores):
+        self.bar.update(1)
+        return scores
+
+
 class HFRollout:
     """``generate``-based backend: all prompts x G samples per call, in chunks of ``batch_size``.
 
@@ -62,8 +73,7 @@ class HFRollout:
         was_training = self.model.training
         self.model.eval()
         try:
-            out = [self._generate(rows[i : i + step], num_samples, params)
-                   for i in tqdm(chunks, desc="rollout", disable=not self.progress or len(chunks) == 1)]
+            out = [self._generate(rows[i : i + step], num_samples, params) for i in chunks]
         finally:
             self.model.train(was_training)
         return concat_batches(out, self.tokenizer.pad_token_id)
@@ -75,10 +85,15 @@ class HFRollout:
         kwargs = dict(do_sample=False) if greedy else dict(
             do_sample=True, temperature=params.temperature, top_p=params.top_p, top_k=0
         )
-        seq = self.model.generate(
-            **enc, max_new_tokens=params.max_new_tokens, pad_token_id=self.tokenizer.pad_token_id,
-            eos_token_id=sorted(self.eos_ids), **kwargs,
-        )
+        from transformers import LogitsProcessorList
+
+        with tqdm(total=params.max_new_tokens, desc=f"rollout ({len(rows)} seqs)", unit="tok",
+                  disable=not self.progress, leave=False) as bar:
+            seq = self.model.generate(
+                **enc, max_new_tokens=params.max_new_tokens, pad_token_id=self.tokenizer.pad_token_id,
+                eos_token_id=sorted(self.eos_ids), logits_processor=LogitsProcessorList([_TokenProgress(bar)]),
+                **kwargs,
+            )
         tp = enc["input_ids"].shape[1]
         completion = seq[:, tp:]
         if completion.shape[1] == 0:  # max_new_tokens=0 or immediate stop

@@ -7,11 +7,14 @@ only sees :class:`Task`; adding a task is one module, one yaml file and one test
 
 from __future__ import annotations
 
+import logging
 import random
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from harness.verifiers import Verdict, step_rewards, verify_batch
+from harness.verifiers import Verdict, parse_number, step_rewards, verify_batch
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,7 @@ class Task:
         self.train: Sequence[Problem] = []
         self.eval: list[Problem] = []
         self.skipped_rows = 0  # malformed rows skipped while loading (logged by the trainer)
+        self.unparseable_golds = 0  # numeric golds that do not parse (those problems can never score 1)
 
     # ----------------------------------------------------------------- data order
     def train_problem(self, index: int, seed: int) -> Problem:
@@ -71,6 +75,18 @@ class Task:
             return list(problems)
         idx = sorted(random.Random(self.cfg.eval_seed).sample(range(len(problems)), size))
         return [problems[i] for i in idx]
+
+    def check_golds(self, problems: Sequence[Problem]) -> None:
+        """Report, once per problem, numeric gold answers that do not parse as a number.
+
+        Such a problem always scores 0 (the verifier compares numbers); it is kept, counted in
+        ``unparseable_golds`` and logged by name so the data can be fixed.
+        """
+        for p in problems:
+            if parse_number(p.gold) is None:
+                self.unparseable_golds += 1
+                log.warning("task %s: gold answer %r of problem %s is not a number; it will always score 0",
+                            self.name, p.gold, p.id)
 
     # --------------------------------------------------------------------- prompt
     def messages(self, problem: Problem) -> list[dict]:

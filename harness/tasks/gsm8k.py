@@ -53,6 +53,7 @@ class GSM8KTask(Task):
                 Problem(f"{split}/{line}", r["question"], gold_from_answer(r["answer"]))
                 for r, line in zip(rows, lines)
             ]
+        self.check_golds(splits["train"] + splits["test"])
         train = splits["train"]
         self.train = train[: cfg.train_size] if cfg.train_size else train
         self.eval = self.pick_eval(splits["test"])
