@@ -38,4 +38,4 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run_all
 
 clean:
-	rm -rf outputs multirun checkpoints mlflow.db optuna.db
+	rm -rf outputs multirun checkpoints mlflow.db mlflow.db.lock optuna.db mlruns mlartifacts

@@ -47,6 +47,13 @@ def flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
+def _artifact_location(uri: str) -> str | None:
+    """For a sqlite store, artifacts go to ``mlartifacts/`` beside the database file (not ./mlruns)."""
+    if uri.startswith("sqlite:///"):
+        return (Path(uri[len("sqlite:///"):]).resolve().parent / "mlartifacts").as_uri()
+    return None
+
+
 @contextlib.contextmanager
 def _store_lock(uri: str):
     """An exclusive file lock beside a sqlite store while it is opened (no-op for other URIs)."""
@@ -91,7 +98,8 @@ class Tracker:
             self.client = MlflowClient(uri)
             try:
                 exp = self.client.get_experiment_by_name(experiment)
-                self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(experiment)
+                self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(
+                    experiment, artifact_location=_artifact_location(uri))
             except Exception as e:
                 raise TrackingError(
                     f"tracking store {uri!r} is not usable ({type(e).__name__}: {e}); set tracking.uri=... "

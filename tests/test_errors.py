@@ -6,15 +6,17 @@ import sys
 import pytest
 
 from harness.validate import ConfigError, validate
-from tests.conftest import QUICK, ROOT, compose
+from tests.conftest import QUICK, compose
 
 
 def _cli(*args, env=None):
     import os
+    import tempfile
 
     e = dict(os.environ, **(env or {}))
-    return subprocess.run([sys.executable, "-m", "harness.run", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300, env=e)
+    with tempfile.TemporaryDirectory() as cwd:  # nothing lands in the repository
+        return subprocess.run([sys.executable, "-m", "harness.run", *args], cwd=cwd, capture_output=True,
+                              text=True, timeout=300, env=e)
 
 
 def test_group_size_one_with_group_estimator_is_a_startup_error():

@@ -101,12 +101,12 @@ def test_multirun_grid_gives_one_mlflow_run_per_job(run_dir):
 
     from mlflow.tracking import MlflowClient
 
-    from tests.conftest import QUICK, ROOT
+    from tests.conftest import QUICK
 
     args = [a for a in QUICK if not a.startswith("group_size")] + ["train.steps=1", "eval.size=2"]
     r = subprocess.run([sys.executable, "-m", "harness.run", "-m", "advantage=grpo,ppo", "group_size=4,8,16",
                         *args, "tracking.sweep=grid-test", f"hydra.sweep.dir={run_dir}/multirun"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=900, env=dict(os.environ))
+                       cwd=run_dir, capture_output=True, text=True, timeout=900, env=dict(os.environ))
     assert r.returncode == 0, r.stderr[-3000:]
     client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
     exp = client.get_experiment_by_name("grpo-harness")

@@ -9,7 +9,6 @@ import subprocess
 import sys
 import time
 
-from tests.conftest import ROOT
 
 ARGS = ["model=tiny", "task=arith", "train.steps=4", "train.prompts_per_step=2", "group_size=4",
         "rollout.max_new_tokens=10", "eval.size=4", "eval.every=2", "checkpoint.every=1",
@@ -39,10 +38,10 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     for name in ("a", "b"):
         (tmp_path / name).mkdir()
-    subprocess.run(_cmd(tmp_path, "a"), cwd=ROOT, env=env, check=True, capture_output=True, timeout=600)
+    subprocess.run(_cmd(tmp_path, "a"), cwd=tmp_path, env=env, check=True, capture_output=True, timeout=600)
 
     kill_after = random.Random().randint(1, 3)  # a random step between the first and the last
-    proc = subprocess.Popen(_cmd(tmp_path, "b"), cwd=ROOT, env=env, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(_cmd(tmp_path, "b"), cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 600
     for line in proc.stdout:
@@ -52,7 +51,7 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path):
         assert time.time() < deadline
     proc.wait(timeout=60)
     assert proc.returncode == -signal.SIGKILL, f"run ended before step {kill_after}"
-    resumed = subprocess.run(_cmd(tmp_path, "b"), cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    resumed = subprocess.run(_cmd(tmp_path, "b"), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
     assert "resuming from" in resumed.stdout + resumed.stderr
 
