@@ -72,6 +72,21 @@ def _runs_table(per_run: pd.DataFrame) -> pd.DataFrame:
     return table.sort_values(sort, kind="stable") if sort else table
 
 
+# params that legitimately differ between seeds of one configuration
+_PER_RUN_PARAMS = {"params.seed", "params.tracking.run_name", "params.tracking.sweep", "params.output_dir",
+                   "params.checkpoint.dir", "params.resume", "params.tracking.uri"}
+
+
+def mixed_params(runs: pd.DataFrame, by: list[str]) -> list[str]:
+    """Param columns whose value varies inside some group of ``by`` (besides the seed)."""
+    cols = [c for c in runs.columns if c.startswith("params.") and c not in _PER_RUN_PARAMS]
+    by = [b for b in by if b in runs.columns]
+    if runs.empty or not by or not cols:
+        return []
+    varying = runs.groupby(by, dropna=False)[cols].nunique(dropna=False).max()
+    return sorted(c[len("params."):] for c, n in varying.items() if n > 1)
+
+
 def write_report(out: str | Path, coll: Collection, frames: dict[str, pd.DataFrame],
                  plots: dict[str, Path], meta: dict | None = None) -> Path:
     """Write ``<out>/REPORT.md`` from the collection, compare frames and plot paths."""
@@ -92,6 +107,11 @@ def write_report(out: str | Path, coll: Collection, frames: dict[str, pd.DataFra
               "step span.", ""]
     wide = summary_wide(frames.get("summary", pd.DataFrame()))
     lines.append(markdown_table(wide) if not wide.empty else "_No finished runs with metrics._\n")
+    mixed = mixed_params(coll.runs, meta.get("group_by_cols") or ["estimator", "group_size"])
+    if mixed:
+        lines += ["", "**Warning:** within a group, runs differ in more than the seed, so the CI mixes "
+                  f"configurations: {', '.join(f'`{m}`' for m in mixed)}. Filter with `--sweep`/`--tag` "
+                  "or add the columns to `--by`.", ""]
 
     paired = frames.get("paired")
     if paired is not None and not paired.empty:
@@ -155,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                                         else sys.argv[1:])),
             "tracking_uri": resolve_tracking_uri(args.tracking_uri),
             "experiments": ", ".join(args.experiment or ["grpo-harness"]), "sweep": args.sweep,
-            "tags": ", ".join(f"{k}={v}" for k, v in tags.items()), "group_by": ", ".join(by)}
+            "tags": ", ".join(f"{k}={v}" for k, v in tags.items()), "group_by": ", ".join(by), "group_by_cols": list(by)}
     path = write_report(args.out, coll, frames, plots, meta)
     print(f"[report] wrote {path}")
     return 0

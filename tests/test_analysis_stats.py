@@ -163,3 +163,13 @@ def test_plots_skip_missing_data(tmp_path, capsys):
 
 def test_welch_constant_samples_is_nan():
     assert all(math.isnan(v) for v in welch_p([2.0, 2.0], [3.0, 3.0]))
+
+
+def test_mixed_params_flags_configurations_pooled_as_seeds():
+    from analysis.report import mixed_params
+
+    runs = pd.DataFrame({"estimator": ["grpo"] * 3, "group_size": [4, 4, 8],
+                         "params.seed": ["0", "1", "0"], "params.train.lr": ["1e-5", "1e-5", "1e-5"],
+                         "params.beta": ["0.0", "0.0", "0.1"]})
+    assert mixed_params(runs, ["estimator", "group_size"]) == []  # seed varies, beta only across groups
+    assert mixed_params(runs, ["estimator"]) == ["beta"]
