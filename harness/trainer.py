@@ -19,7 +19,8 @@ from harness.evaluation import evaluate
 from harness.perf import PeakMemory
 from harness.rewards import compute_rewards, process_step_rewards
 from harness.rollout import SamplingParams, concat_batches
-from harness.update import LossSettings, TrainBatch, batched_logprobs, batched_values, critic_pass, policy_pass
+from harness.update import (LossSettings, TrainBatch, batched_logprobs, batched_values, critic_pass, padding_waste,
+                            policy_pass)
 
 log = logging.getLogger(__name__)
 
@@ -206,6 +207,7 @@ class Trainer:
             "time/logprob_s": t_logprob, "time/update_s": t_update, "time/step_s": step_s,
             "time/elapsed_s": self.elapsed_before + time.time() - self.start_time,
             "perf/tokens_per_s": n_tokens / step_s, "perf/completion_tokens": n_tokens,
+            "perf/padding_waste": padding_waste(batch.prompt_mask, cmask, mb),
             **info, **{f"train/{k}": v for k, v in stats.items()},
             "verifier/timeouts": rew.verifier.get("verifier/timeouts", 0.0),
             "verifier/errors": rew.verifier.get("verifier/errors", 0.0),

@@ -34,8 +34,64 @@ class TrainBatch:
     old_values: torch.Tensor | None = None
     returns: torch.Tensor | None = None
 
-    def rows(self, sl: slice) -> "TrainBatch":
-        return TrainBatch(*[None if v is None else v[sl] for v in self.__dict__.values()])
+    def rows(self, idx) -> "TrainBatch":
+        """The rows ``idx`` (a slice or an index tensor)."""
+        return TrainBatch(*[None if v is None else v[idx] for v in self.__dict__.values()])
+
+    def trimmed(self) -> "TrainBatch":
+        """Drop padding columns no row of this (micro-)batch needs: leading all-pad prompt columns
+        and trailing completion columns after the longest completion. Exact: left pads are masked
+        and right pads come after every real token of a causal model."""
+        p0, tc = _trim_bounds(self.prompt_mask, self.loss_mask)
+        out = {}
+        for k, v in self.__dict__.items():
+            if v is None:
+                out[k] = None
+            elif k.startswith("prompt"):
+                out[k] = v[:, p0:]
+            elif v.dim() == 2 and v.shape[1] == self.loss_mask.shape[1]:
+                out[k] = v[:, :tc]
+            else:
+                out[k] = v
+        return TrainBatch(**out)
+
+
+def _trim_bounds(prompt_mask: torch.Tensor, completion_mask: torch.Tensor) -> tuple[int, int]:
+    """(first prompt column any row uses, completion columns up to the longest completion)."""
+    used = prompt_mask.any(dim=0).nonzero()
+    p0 = int(used[0]) if len(used) else prompt_mask.shape[1] - 1
+    p0 = min(p0, prompt_mask.shape[1] - 1)  # keep >= 1 prompt column (it predicts token 0)
+    tc = max(int(completion_mask.sum(dim=1).max()), 1)
+    return p0, tc
+
+
+def length_order(prompt_mask: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
+    """Row order that groups similar lengths into the same micro-batch (less padding).
+
+    The loss normalisers are the whole batch's, so the order changes nothing but float
+    summation order.
+    """
+    key = prompt_mask.sum(1) * (completion_mask.shape[1] + 1) + completion_mask.sum(1)
+    return torch.argsort(key, descending=True, stable=True)
+
+
+def micro_batches(batch: TrainBatch, size: int):
+    """Length-sorted, padding-trimmed micro-batches of ``size`` rows."""
+    order = length_order(batch.prompt_mask, batch.loss_mask)
+    for start in range(0, len(order), size):
+        yield batch.rows(order[start : start + size]).trimmed()
+
+
+def padding_waste(prompt_mask: torch.Tensor, completion_mask: torch.Tensor, size: int) -> float:
+    """Fraction of forward slots that are padding when processed by :func:`micro_batches`."""
+    order = length_order(prompt_mask, completion_mask)
+    slots = real = 0
+    for start in range(0, len(order), size):
+        idx = order[start : start + size]
+        p0, tc = _trim_bounds(prompt_mask[idx], completion_mask[idx])
+        slots += len(idx) * (prompt_mask.shape[1] - p0 + tc)
+        real += int(prompt_mask[idx].sum() + completion_mask[idx].sum())
+    return 1.0 - real / max(slots, 1)
 
 
 @dataclass
@@ -63,8 +119,7 @@ def policy_pass(policy, batch: TrainBatch, s: LossSettings, micro_batch_size: in
     norm = aggregation_normalizers(batch.loss_mask)
     total_tokens = max(norm["num_tokens"], 1.0)
     sums: dict[str, float] = {}
-    for start in range(0, batch.completion_ids.shape[0], micro_batch_size):
-        mb = batch.rows(slice(start, start + micro_batch_size))
+    for mb in micro_batches(batch, micro_batch_size):
         mask = mb.loss_mask.float()
         logp, entropy = token_logprobs(
             policy, mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.loss_mask,
@@ -98,8 +153,7 @@ def critic_pass(critic, batch: TrainBatch, clip_range: float, vf_coef: float, mi
     norm = aggregation_normalizers(batch.loss_mask)
     total = max(norm["num_tokens"], 1.0)
     sums: dict[str, float] = {}
-    for start in range(0, batch.completion_ids.shape[0], micro_batch_size):
-        mb = batch.rows(slice(start, start + micro_batch_size))
+    for mb in micro_batches(batch, micro_batch_size):
         mask = mb.loss_mask.float()
         values = critic(mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.loss_mask)
         per_token, stats = value_loss(values, mb.old_values, mb.returns, mask, clip_range=clip_range)
@@ -112,24 +166,31 @@ def critic_pass(critic, batch: TrainBatch, clip_range: float, vf_coef: float, mi
     return sums
 
 
+def _batched_forward(fn, prompt_ids, prompt_mask, completion_ids, completion_mask, micro_batch_size):
+    """Run ``fn`` over length-sorted, trimmed micro-batches; results in the original row order,
+    zero-padded back to ``[B, Tc]``."""
+    out = torch.zeros(completion_ids.shape, dtype=torch.float32, device=completion_ids.device)
+    order = length_order(prompt_mask, completion_mask)
+    for start in range(0, len(order), micro_batch_size):
+        idx = order[start : start + micro_batch_size]
+        p0, tc = _trim_bounds(prompt_mask[idx], completion_mask[idx])
+        out[idx, :tc] = fn(prompt_ids[idx, p0:], prompt_mask[idx, p0:], completion_ids[idx, :tc],
+                           completion_mask[idx, :tc]).float()
+    return out
+
+
 @torch.no_grad()
 def batched_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, *,
                      temperature: float, chunk: int, micro_batch_size: int) -> torch.Tensor:
     """``[B, Tc]`` log-probabilities under ``model`` without gradients (old / reference policy)."""
-    out = []
-    for s in range(0, completion_ids.shape[0], micro_batch_size):
-        sl = slice(s, s + micro_batch_size)
-        lp, _ = token_logprobs(model, prompt_ids[sl], prompt_mask[sl], completion_ids[sl],
-                               completion_mask[sl], temperature=temperature, chunk=chunk)
-        out.append(lp)
-    return torch.cat(out)
+
+    def fn(*args):
+        return token_logprobs(model, *args, temperature=temperature, chunk=chunk)[0]
+
+    return _batched_forward(fn, prompt_ids, prompt_mask, completion_ids, completion_mask, micro_batch_size)
 
 
 @torch.no_grad()
 def batched_values(critic, prompt_ids, prompt_mask, completion_ids, completion_mask, micro_batch_size: int):
     """``[B, Tc]`` critic values without gradients."""
-    out = []
-    for s in range(0, completion_ids.shape[0], micro_batch_size):
-        sl = slice(s, s + micro_batch_size)
-        out.append(critic(prompt_ids[sl], prompt_mask[sl], completion_ids[sl], completion_mask[sl]))
-    return torch.cat(out)
+    return _batched_forward(critic, prompt_ids, prompt_mask, completion_ids, completion_mask, micro_batch_size)

@@ -59,3 +59,25 @@ def test_gradient_invariant_to_micro_batch_size(tokenizer):
         g = [x for a, x in grads if a == agg]
         torch.testing.assert_close(g[0], g[1], atol=1e-6, rtol=1e-4)
         torch.testing.assert_close(g[0], g[2], atol=1e-6, rtol=1e-4)
+
+
+def test_trimmed_sorted_micro_batches_match_one_untrimmed_batch(tokenizer):
+    """Length-sorted, padding-trimmed micro-batches give the same log-probs and gradient."""
+    from harness.logprobs import token_logprobs
+    from harness.update import batched_logprobs, padding_waste
+
+    batch = _batch(tokenizer)
+    batch.completion_ids[:, 5:] = tokenizer.pad_token_id
+    batch.loss_mask[:, 5:] = 0  # trailing pad columns no row needs
+    model = tiny_llama(tokenizer)
+    full, _ = token_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.loss_mask)
+    ours = batched_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.loss_mask,
+                            temperature=1.0, chunk=4, micro_batch_size=2)
+    m = batch.loss_mask.bool()
+    torch.testing.assert_close(ours[m], full[m], atol=1e-5, rtol=1e-5)
+    assert (ours[:, 5:] == 0).all()  # trimmed columns come back as zeros
+    # hand count, micro-batches of 2 after sorting: [r3,r4] 20 slots/20 real, [r5,r1] 20/19, [r2,r0] 20/14
+    assert abs(padding_waste(batch.prompt_mask, batch.loss_mask, 2) - 7 / 60) < 1e-9
+    # hand count: micro-batches of the whole batch (size 6) keep 5 prompt + 5 completion columns
+    real = int(batch.prompt_mask.sum() + batch.loss_mask.sum())
+    assert abs(padding_waste(batch.prompt_mask, batch.loss_mask, 6) - (1 - real / (6 * 10))) < 1e-9
