@@ -29,19 +29,8 @@ from .registry import Registry
 from .utils import masked_mean, masked_sum, masked_var, shape_str
 
 OUTCOME_ESTIMATORS: Registry = Registry("outcome estimator")
-_GROUPED: Set[str] = set()
 
 
-def _estimator(name: str, *, grouped: bool) -> Callable:
-    """Register an outcome estimator; ``grouped`` marks it as needing G >= 2."""
-
-    def decorator(fn: Callable) -> Callable:
-        OUTCOME_ESTIMATORS.register(name)(fn)
-        if grouped:
-            _GROUPED.add(name)
-        return fn
-
-    return decorator
 
 
 def outcome_requires_groups(name: str) -> bool:
@@ -50,8 +39,7 @@ def outcome_requires_groups(name: str) -> bool:
     Raises:
         ValueError: if ``name`` is not a registered outcome estimator (lists valid names).
     """
-    OUTCOME_ESTIMATORS.get(name)
-    return name in _GROUPED
+    return OUTCOME_ESTIMATORS.requires_groups(name)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -91,7 +79,7 @@ _GRPO_SCALES: Dict[str, Callable[[Tensor, Tensor, bool, float], Tensor]] = {
 }
 
 
-@_estimator("grpo", grouped=True)
+@OUTCOME_ESTIMATORS.register("grpo", grouped=True)
 def grpo_advantages(
     rewards: Tensor,
     valid: Tensor,
@@ -124,7 +112,7 @@ def grpo_advantages(
     return _finalise(adv, valid, degenerate)
 
 
-@_estimator("mean_only", grouped=True)
+@OUTCOME_ESTIMATORS.register("mean_only", grouped=True)
 def mean_only_advantages(rewards: Tensor, valid: Tensor) -> Tensor:
     """Dr. GRPO advantage: group-mean baseline without std normalisation.
 
@@ -140,7 +128,7 @@ def mean_only_advantages(rewards: Tensor, valid: Tensor) -> Tensor:
     return _finalise(rewards - mean, valid, degenerate)
 
 
-@_estimator("rloo", grouped=True)
+@OUTCOME_ESTIMATORS.register("rloo", grouped=True)
 def rloo_advantages(rewards: Tensor, valid: Tensor) -> Tensor:
     """REINFORCE leave-one-out advantage.
 
@@ -182,7 +170,7 @@ _REINFORCE_BASELINES: Dict[str, Callable] = {
 }
 
 
-@_estimator("reinforce", grouped=False)
+@OUTCOME_ESTIMATORS.register("reinforce", grouped=False)
 def reinforce_advantages(
     rewards: Tensor,
     valid: Tensor,
@@ -270,7 +258,7 @@ def compute_advantages(
         got = shape_str(valid) if isinstance(valid, Tensor) else type(valid).__name__
         raise ValueError(f"valid must be a bool tensor of shape {shape_str(rewards)}, got {got}")
     valid = valid.to(torch.bool)
-    if estimator in _GROUPED and rewards.shape[1] < 2:
+    if OUTCOME_ESTIMATORS.requires_groups(estimator) and rewards.shape[1] < 2:
         raise ValueError(
             f"group_size must be >= 2 for estimator {estimator!r}, got G={rewards.shape[1]}"
         )

@@ -36,9 +36,13 @@ class Registry(Generic[F]):
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self._items: Dict[str, F] = {}
+        self._grouped: set = set()
 
-    def register(self, name: str) -> Callable[[F], F]:
+    def register(self, name: str, *, grouped: bool = False) -> Callable[[F], F]:
         """Decorator registering ``fn`` under ``name`` and returning ``fn`` unchanged.
+
+        ``grouped=True`` marks an estimator that needs groups of ``G >= 2`` completions
+        (see :meth:`requires_groups`).
 
         Raises:
             ValueError: if ``name`` is empty / not a string, or already registered.
@@ -50,6 +54,8 @@ class Registry(Generic[F]):
             if name in self._items:
                 raise ValueError(f"{self.kind} {name!r} is already registered")
             self._items[name] = fn
+            if grouped:
+                self._grouped.add(name)
             return fn
 
         return decorator
@@ -66,6 +72,15 @@ class Registry(Generic[F]):
             raise ValueError(
                 f"unknown {self.kind} {name!r}; valid names: {', '.join(self.names())}"
             ) from None
+
+    def requires_groups(self, name: str) -> bool:
+        """True if ``name`` was registered with ``grouped=True``.
+
+        Raises:
+            ValueError: if ``name`` is unknown (lists valid names).
+        """
+        self.get(name)
+        return name in self._grouped
 
     def names(self) -> List[str]:
         """Sorted list of registered names."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 import inspect
 import numbers
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional, Set, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -69,17 +69,8 @@ class AdvantageOutput:
 
 
 TOKEN_ESTIMATORS: Registry = Registry("advantage estimator")
-_GROUPED: Set[str] = set()
 
 
-def _estimator(name: str, *, grouped: bool) -> Callable:
-    def decorator(fn: Callable) -> Callable:
-        TOKEN_ESTIMATORS.register(name)(fn)
-        if grouped:
-            _GROUPED.add(name)
-        return fn
-
-    return decorator
 
 
 def requires_groups(name: str) -> bool:
@@ -89,8 +80,7 @@ def requires_groups(name: str) -> bool:
     Raises:
         ValueError: if ``name`` is not registered (lists valid names).
     """
-    TOKEN_ESTIMATORS.get(name)
-    return name in _GROUPED
+    return TOKEN_ESTIMATORS.requires_groups(name)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -111,7 +101,7 @@ def _check_ctx(ctx: AdvantageContext, name: str) -> Tuple[int, int]:
         )
     if not isinstance(ctx.token_rewards, Tensor) or ctx.token_rewards.shape != ctx.mask.shape:
         raise ValueError(f"ctx.token_rewards must have the mask's shape {shape_str(ctx.mask)}")
-    if name in _GROUPED and G < 2:
+    if TOKEN_ESTIMATORS.requires_groups(name) and G < 2:
         raise ValueError(f"group_size must be >= 2 for estimator {name!r}, got G={G}")
     return P, G
 
@@ -158,13 +148,13 @@ def _make_outcome_estimator(name: str) -> Callable:
 
 
 for _name in OUTCOME_ESTIMATORS.names():
-    _estimator(_name, grouped=outcome_requires_groups(_name))(_make_outcome_estimator(_name))
+    TOKEN_ESTIMATORS.register(_name, grouped=outcome_requires_groups(_name))(_make_outcome_estimator(_name))
 
 
 # --------------------------------------------------------------------------- REINFORCE++
 
 
-@_estimator("reinforce_pp", grouped=False)
+@TOKEN_ESTIMATORS.register("reinforce_pp", grouped=False)
 def reinforce_pp(ctx: AdvantageContext, *, gamma: float = 1.0) -> AdvantageOutput:
     """REINFORCE++ advantage: batch-whitened discounted return-to-go.
 
@@ -184,7 +174,7 @@ def reinforce_pp(ctx: AdvantageContext, *, gamma: float = 1.0) -> AdvantageOutpu
     return AdvantageOutput(advantages=masked_whiten(returns, m))
 
 
-@_estimator("reinforce_pp_baseline", grouped=True)
+@TOKEN_ESTIMATORS.register("reinforce_pp_baseline", grouped=True)
 def reinforce_pp_baseline(ctx: AdvantageContext, *, gamma: float = 1.0) -> AdvantageOutput:
     """REINFORCE++-baseline: group-mean baseline, return-to-go, batch whitening.
 
@@ -218,7 +208,7 @@ def reinforce_pp_baseline(ctx: AdvantageContext, *, gamma: float = 1.0) -> Advan
 # --------------------------------------------------------------------------- PPO
 
 
-@_estimator("ppo", grouped=False)
+@TOKEN_ESTIMATORS.register("ppo", grouped=False)
 def ppo(
     ctx: AdvantageContext, *, gamma: float = 1.0, lam: float = 0.95, whiten: bool = True
 ) -> AdvantageOutput:
@@ -248,7 +238,7 @@ def ppo(
 # --------------------------------------------------------------------------- process
 
 
-@_estimator("process", grouped=True)
+@TOKEN_ESTIMATORS.register("process", grouped=True)
 def process(ctx: AdvantageContext, *, eps: float = 1e-6, unbiased: bool = True) -> AdvantageOutput:
     """GRPO with process supervision (per-step rewards).
 
