@@ -90,6 +90,7 @@ class RolloutConfig:
     max_new_tokens: int = 128
     batch_size: int = 0
     progress: bool = True
+    share_prefix: bool = True  # prefill each distinct prompt once, copy its KV cache to the group
 
 
 # ------------------------------------------------------------------------ algorithm
@@ -188,6 +189,7 @@ class TrainConfig:
     dynamic_sampling: bool = False  # DAPO: drop groups with equal rewards, resample
     dynamic_sampling_max_rounds: int = 3
     logprob_chunk: int = 64  # tokens per lm_head chunk (memory: chunk x vocab floats)
+    share_prefix: bool = True  # training forwards run each group's prompt once (exact; fewer tokens)
     max_bad_steps: int = 5  # consecutive non-finite steps before stopping
     threads: int = 0  # torch intra-op threads (0 = leave default)
 

@@ -13,6 +13,8 @@ again in backward).
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
@@ -38,17 +40,83 @@ def backbone(model):
     return model.get_decoder() if hasattr(model, "get_decoder") else model.base_model
 
 
-def completion_hidden(model, prompt_ids, prompt_mask, completion_ids, completion_mask):
+def prompt_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows that share the same prompt (a GRPO group repeats its prompt G times).
+
+    Args:
+        prompt_ids, prompt_mask: ``[B, Tp]`` left-padded.
+    Returns:
+        ``(first [U], inverse [B])``: ``first[u]`` is the first row holding unique prompt ``u``;
+        row ``b`` holds prompt ``inverse[b]`` (so ``prompt_ids[first][inverse] == prompt_ids``).
+    """
+    key = torch.cat([prompt_ids, prompt_mask.to(prompt_ids.dtype)], dim=1)
+    _, inverse = torch.unique(key, dim=0, return_inverse=True)
+    rows = torch.arange(len(inverse), device=inverse.device)
+    first = torch.full((int(inverse.max()) + 1,), len(inverse), dtype=torch.long, device=inverse.device)
+    first = first.scatter_reduce(0, inverse, rows, reduce="amin")
+    return first, inverse
+
+
+def completion_hidden(model, prompt_ids, prompt_mask, completion_ids, completion_mask, *, share_prefix: bool = False):
     """Hidden states that predict each completion token.
 
+    Args:
+        model: a ``*ForCausalLM``.
+        prompt_ids, prompt_mask: ``[B, Tp]`` left-padded.
+        completion_ids, completion_mask: ``[B, Tc]`` right-padded.
+        share_prefix: run each distinct prompt once and reuse its keys/values for every row
+            that repeats it (see :func:`shared_prefix_hidden`); same result up to float rounding.
     Returns:
         ``[B, Tc, H]``: the state at position ``Tp - 1 + t`` predicts completion token ``t``.
     """
+    if share_prefix:
+        first, inverse = prompt_groups(prompt_ids, prompt_mask)
+        body = backbone(model)
+        # transformers turns the cache off under gradient checkpointing in training mode
+        checkpointed = getattr(body, "gradient_checkpointing", False) and body.training and torch.is_grad_enabled()
+        if len(first) < len(inverse) and not checkpointed:
+            return shared_prefix_hidden(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                                        first, inverse)
     input_ids, attention_mask, position_ids = build_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask)
     out = backbone(model)(input_ids=input_ids, attention_mask=attention_mask,
                           position_ids=position_ids, use_cache=False)
     tp = prompt_ids.shape[1]
     return out.last_hidden_state[:, tp - 1 : -1]
+
+
+def shared_prefix_hidden(model, prompt_ids, prompt_mask, completion_ids, completion_mask, first, inverse):
+    """:func:`completion_hidden` with one forward per distinct prompt instead of one per row.
+
+    The U distinct prompts ``[U, Tp]`` run once with ``use_cache=True``; their key/value cache
+    is gathered to the B rows (``cache.batch_select_indices(inverse)``, differentiable, so the
+    prompt's gradient is the sum over the rows that reuse it), and the completions ``[B, Tc]``
+    run on top of it with the same attention mask and position ids as the full forward.
+    Prompt tokens only attend to earlier prompt tokens in a causal LM, so this is exact; it
+    saves ``(B - U) x Tp`` tokens of forward and backward: the training-side counterpart of the
+    prefix caching that inference engines use for repeated prompts (vLLM's automatic prefix
+    caching).
+
+    Args:
+        first, inverse: from :func:`prompt_groups`.
+    Returns:
+        ``[B, Tc, H]`` as :func:`completion_hidden`.
+    Raises:
+        TypeError: the model's cache has no ``batch_select_indices`` (not a transformers cache).
+    """
+    body = backbone(model)
+    p_ids, p_mask = prompt_ids[first], prompt_mask[first].long()
+    p_pos = (p_mask.cumsum(dim=1) - 1).clamp(min=0)
+    out = body(input_ids=p_ids, attention_mask=p_mask, position_ids=p_pos, use_cache=True)
+    cache = out.cache if getattr(out, "cache", None) is not None else out.past_key_values
+    if not hasattr(cache, "batch_select_indices"):
+        raise TypeError(f"share_prefix needs a transformers Cache from {type(body).__name__}, got {type(cache).__name__}")
+    cache.batch_select_indices(inverse)
+    mask = torch.cat([prompt_mask, completion_mask], dim=1).long()
+    pos = (mask.cumsum(dim=1) - 1).clamp(min=0)[:, prompt_ids.shape[1]:]
+    cache_kw = "cache" if "cache" in inspect.signature(body.forward).parameters else "past_key_values"
+    out_c = body(input_ids=completion_ids, attention_mask=mask, position_ids=pos, use_cache=True, **{cache_kw: cache})
+    last_prompt = out.last_hidden_state[:, -1][inverse]  # predicts completion token 0
+    return torch.cat([last_prompt.unsqueeze(1), out_c.last_hidden_state[:, :-1]], dim=1)
 
 
 def _chunk_logprobs(hidden, weight, bias, targets, temperature: float, with_entropy: bool):
@@ -63,7 +131,8 @@ def _chunk_logprobs(hidden, weight, bias, targets, temperature: float, with_entr
 
 
 def token_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, *,
-                   temperature: float = 1.0, chunk: int = 64, with_entropy: bool = False):
+                   temperature: float = 1.0, chunk: int = 64, with_entropy: bool = False,
+                   share_prefix: bool = False):
     """Log pi(token_t | prefix) of each completion token, and optionally the entropy.
 
     Args:
@@ -73,12 +142,14 @@ def token_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_ma
         temperature: sampling temperature; logits are divided by it (0 is treated as 1).
         chunk: tokens per LM-head chunk (peak extra memory ~ B x chunk x V x 4 bytes).
         with_entropy: also return the per-token entropy of pi (nats).
+        share_prefix: compute each distinct prompt once (:func:`shared_prefix_hidden`).
     Returns:
         ``(logprobs [B, Tc], entropy [B, Tc])`` float32; entropy is zeros unless requested.
         Values at masked positions are meaningless: always multiply by the mask.
     """
     temperature = temperature if temperature and temperature > 0 else 1.0
-    hidden = completion_hidden(model, prompt_ids, prompt_mask, completion_ids, completion_mask)
+    hidden = completion_hidden(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                               share_prefix=share_prefix)
     head = model.get_output_embeddings()
     weight, bias = head.weight, getattr(head, "bias", None)
     logps, ents = [], []
@@ -102,9 +173,10 @@ class ValueModel(torch.nn.Module):
     and compute cost is that of a second policy-sized model, as in PPO for LLMs).
     """
 
-    def __init__(self, lm):
+    def __init__(self, lm, share_prefix: bool = False):
         super().__init__()
         self.lm = lm
+        self.share_prefix = share_prefix
         hidden = lm.config.hidden_size
         self.value_head = torch.nn.Linear(hidden, 1)
         torch.nn.init.zeros_(self.value_head.weight)
@@ -112,5 +184,6 @@ class ValueModel(torch.nn.Module):
 
     def forward(self, prompt_ids, prompt_mask, completion_ids, completion_mask) -> torch.Tensor:
         """Returns ``values [B, Tc]`` float32."""
-        h = completion_hidden(self.lm, prompt_ids, prompt_mask, completion_ids, completion_mask)
+        h = completion_hidden(self.lm, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                              share_prefix=self.share_prefix)
         return self.value_head(h).squeeze(-1).float()

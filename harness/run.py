@@ -57,6 +57,36 @@ def build_policy(cfg, tokenizer):
     return model
 
 
+def build_components(cfg):
+    """Task, tokenizer, policy (train mode), PPO critic (or None) and rollout backend for ``cfg``.
+
+    Shared by :func:`train` and the benchmarks, so both measure the same objects.
+
+    Raises:
+        FileNotFoundError, ConfigError: missing data or model files, unknown backend.
+    """
+    from harness.logprobs import ValueModel
+    from harness.models import load_tokenizer
+    from harness.rollout import build_backend
+    from harness.tasks import build_task
+
+    task = build_task(cfg.task)
+    tokenizer = load_tokenizer(cfg.model.name_or_path)
+    policy = build_policy(cfg, tokenizer)
+    policy.train()
+    critic = None
+    if cfg.advantage.name == "ppo":
+        import copy
+
+        base = copy.deepcopy(policy) if cfg.advantage.critic_init == "policy" else build_policy(cfg, tokenizer)
+        if cfg.advantage.critic_init == "random":
+            base.apply(base._init_weights)
+        critic = ValueModel(base, share_prefix=cfg.train.share_prefix).train()
+    backend = build_backend(cfg.rollout.backend, policy, tokenizer, batch_size=cfg.rollout.batch_size,
+                            progress=cfg.rollout.progress, share_prefix=cfg.rollout.share_prefix)
+    return task, tokenizer, policy, critic, backend
+
+
 def _hydra_dirs(cfg) -> tuple[Path, Path]:
     """(output dir, launch dir): Hydra's when running under ``@hydra.main``, else cwd-based."""
     from hydra.core.hydra_config import HydraConfig
@@ -77,10 +107,6 @@ def train(cfg, on_eval=None) -> float:
             KILLED with a checkpoint and propagates).
     """
     from harness import checkpoint as ckpt
-    from harness.logprobs import ValueModel
-    from harness.models import load_tokenizer
-    from harness.rollout import build_backend
-    from harness.tasks import build_task
     from harness.tracking import Tracker, flatten, git_commit, resolve_uri
     from harness.trainer import Trainer
 
@@ -104,20 +130,7 @@ def train(cfg, on_eval=None) -> float:
     if uri.startswith("sqlite:///") and not Path(uri[10:]).is_absolute():
         uri = "sqlite:///" + str(launch_dir / uri[10:])
     tracker = Tracker(uri, cfg.tracking.experiment)
-    task = build_task(cfg.task)
-    tokenizer = load_tokenizer(cfg.model.name_or_path)
-    policy = build_policy(cfg, tokenizer)
-    policy.train()
-    critic = None
-    if cfg.advantage.name == "ppo":
-        import copy
-
-        base = copy.deepcopy(policy) if cfg.advantage.critic_init == "policy" else build_policy(cfg, tokenizer)
-        if cfg.advantage.critic_init == "random":
-            base.apply(base._init_weights)
-        critic = ValueModel(base).train()
-    backend = build_backend(cfg.rollout.backend, policy, tokenizer, batch_size=cfg.rollout.batch_size,
-                            progress=cfg.rollout.progress)
+    task, tokenizer, policy, critic, backend = build_components(cfg)
     trainer = Trainer(cfg, task, tokenizer, policy, backend, tracker, critic=critic, checkpoint_dir=ckpt_dir,
                       on_eval=on_eval)
     tracker.start(cfg.tracking.run_name, run_id=state["run_id"] if state else None)

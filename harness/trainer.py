@@ -82,7 +82,7 @@ class Trainer:
             ratio_level=cfg.ratio_level, beta=cfg.beta, kl_form=cfg.kl.form,
             kl_in_loss=cfg.kl.placement == "loss", entropy_coef=cfg.entropy_coef, loss_agg=cfg.loss_agg,
             loss_agg_constant=cfg.loss_agg_constant or cfg.rollout.max_new_tokens,
-            temperature=cfg.rollout.temperature, chunk=t.logprob_chunk,
+            temperature=cfg.rollout.temperature, chunk=t.logprob_chunk, share_prefix=t.share_prefix,
         )
 
     def _estimator_keys(self):
@@ -156,11 +156,15 @@ class Trainer:
             loss_mask[batch.truncated] = 0
         args = (batch.prompt_ids, batch.prompt_mask, batch.completion_ids, cmask)
 
-        t0 = time.perf_counter()
-        lp_kw = dict(temperature=cfg.rollout.temperature, chunk=cfg.train.logprob_chunk, micro_batch_size=mb)
+        share = cfg.train.share_prefix
+        lp_kw = dict(temperature=cfg.rollout.temperature, chunk=cfg.train.logprob_chunk, micro_batch_size=mb,
+                     share_prefix=share)
         need_old = cfg.mu > 1 or (self.use_ref and cfg.kl.placement == "reward")
+        t0 = time.perf_counter()
         old = batched_logprobs(self.policy, *args, **lp_kw) if need_old else None
+        t_old = time.perf_counter() - t0
         ref = batched_logprobs(self.ref, *args, **lp_kw) if self.use_ref else None
+        t_ref = time.perf_counter() - t0 - t_old
         values = batched_values(self.critic, *args, mb) if self.critic is not None else None
         t_logprob = time.perf_counter() - t0
 
@@ -204,10 +208,11 @@ class Trainer:
             "train/clipped_ratio": float(batch.truncated.float().mean()),
             "train/advantage_abs_mean": float((adv.advantages.abs() * cmask).sum() / max(n_tokens, 1)),
             "train/lr": self.sched.get_last_lr()[0], "train/skipped_updates": float(self.skipped),
-            "time/logprob_s": t_logprob, "time/update_s": t_update, "time/step_s": step_s,
+            "time/logprob_s": t_logprob, "time/old_logprob_s": t_old, "time/ref_logprob_s": t_ref,
+            "time/value_s": t_logprob - t_old - t_ref, "time/update_s": t_update, "time/step_s": step_s,
             "time/elapsed_s": self.elapsed_before + time.time() - self.start_time,
             "perf/tokens_per_s": n_tokens / step_s, "perf/completion_tokens": n_tokens,
-            "perf/padding_waste": padding_waste(batch.prompt_mask, cmask, mb),
+            "perf/padding_waste": padding_waste(batch.prompt_mask, cmask, mb, batch.prompt_ids if share else None),
             **info, **{f"train/{k}": v for k, v in stats.items()},
             "verifier/timeouts": rew.verifier.get("verifier/timeouts", 0.0),
             "verifier/errors": rew.verifier.get("verifier/errors", 0.0),

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from harness.algo import aggregate_loss, aggregation_normalizers, kl_penalty, masked_mean, policy_loss, value_loss
-from harness.logprobs import token_logprobs
+from harness.logprobs import prompt_groups, token_logprobs
 
 
 @dataclass
@@ -65,32 +65,60 @@ def _trim_bounds(prompt_mask: torch.Tensor, completion_mask: torch.Tensor) -> tu
     return p0, tc
 
 
-def length_order(prompt_mask: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
+def length_order(prompt_mask: torch.Tensor, completion_mask: torch.Tensor,
+                 groups: torch.Tensor | None = None) -> torch.Tensor:
     """Row order that groups similar lengths into the same micro-batch (less padding).
 
-    The loss normalisers are the whole batch's, so the order changes nothing but float
-    summation order.
+    Args:
+        prompt_mask: ``[B, Tp]``; completion_mask: ``[B, Tc]``.
+        groups: ``[B]`` prompt id of each row (:func:`harness.logprobs.prompt_groups`); when
+            given, rows of the same prompt are kept next to each other (longest prompts first,
+            then by prompt, then longest completions first) so that a micro-batch computes each
+            prompt once under ``share_prefix``.
+    Returns:
+        ``[B]`` row indices. The loss normalisers are the whole batch's, so the order changes
+        nothing but float summation order.
     """
-    key = prompt_mask.sum(1) * (completion_mask.shape[1] + 1) + completion_mask.sum(1)
-    return torch.argsort(key, descending=True, stable=True)
+    plen, clen = prompt_mask.sum(1), completion_mask.sum(1)
+    if groups is None:
+        return torch.argsort(plen * (completion_mask.shape[1] + 1) + clen, descending=True, stable=True)
+    order = torch.argsort(clen, descending=True, stable=True)
+    order = order[torch.argsort(groups[order], stable=True)]
+    return order[torch.argsort(plen[order], descending=True, stable=True)]
 
 
-def micro_batches(batch: TrainBatch, size: int):
-    """Length-sorted, padding-trimmed micro-batches of ``size`` rows."""
-    order = length_order(batch.prompt_mask, batch.loss_mask)
+def _groups(prompt_ids, prompt_mask, share_prefix: bool):
+    return prompt_groups(prompt_ids, prompt_mask)[1] if share_prefix else None
+
+
+def micro_batches(batch: TrainBatch, size: int, share_prefix: bool = False):
+    """Length-sorted, padding-trimmed micro-batches of ``size`` rows (rows of one prompt kept
+    together when ``share_prefix``)."""
+    order = length_order(batch.prompt_mask, batch.loss_mask, _groups(batch.prompt_ids, batch.prompt_mask, share_prefix))
     for start in range(0, len(order), size):
         yield batch.rows(order[start : start + size]).trimmed()
 
 
-def padding_waste(prompt_mask: torch.Tensor, completion_mask: torch.Tensor, size: int) -> float:
-    """Fraction of forward slots that are padding when processed by :func:`micro_batches`."""
-    order = length_order(prompt_mask, completion_mask)
+def padding_waste(prompt_mask: torch.Tensor, completion_mask: torch.Tensor, size: int,
+                  prompt_ids: torch.Tensor | None = None) -> float:
+    """Fraction of forward slots that are padding when processed by :func:`micro_batches`.
+
+    Args:
+        prompt_mask: ``[B, Tp]``; completion_mask: ``[B, Tc]``; size: rows per micro-batch.
+        prompt_ids: ``[B, Tp]``; when given, the micro-batches are those of ``share_prefix``:
+            each distinct prompt of a micro-batch is one forward row and counts once.
+    Returns:
+        ``1 - real tokens / padded slots`` over all micro-batches (0 = no padding).
+    """
+    share = prompt_ids is not None
+    order = length_order(prompt_mask, completion_mask, _groups(prompt_ids, prompt_mask, share))
     slots = real = 0
     for start in range(0, len(order), size):
         idx = order[start : start + size]
         p0, tc = _trim_bounds(prompt_mask[idx], completion_mask[idx])
-        slots += len(idx) * (prompt_mask.shape[1] - p0 + tc)
-        real += int(prompt_mask[idx].sum() + completion_mask[idx].sum())
+        prompt_rows = prompt_groups(prompt_ids[idx], prompt_mask[idx])[0] if share else torch.arange(len(idx))
+        slots += len(prompt_rows) * (prompt_mask.shape[1] - p0) + len(idx) * tc
+        real += int(prompt_mask[idx][prompt_rows].sum() + completion_mask[idx].sum())
     return 1.0 - real / max(slots, 1)
 
 
@@ -108,6 +136,7 @@ class LossSettings:
     loss_agg_constant: float | None
     temperature: float
     chunk: int
+    share_prefix: bool = False  # one forward per distinct prompt (harness.logprobs.shared_prefix_hidden)
 
 
 def policy_pass(policy, batch: TrainBatch, s: LossSettings, micro_batch_size: int) -> dict:
@@ -119,11 +148,11 @@ def policy_pass(policy, batch: TrainBatch, s: LossSettings, micro_batch_size: in
     norm = aggregation_normalizers(batch.loss_mask)
     total_tokens = max(norm["num_tokens"], 1.0)
     sums: dict[str, float] = {}
-    for mb in micro_batches(batch, micro_batch_size):
+    for mb in micro_batches(batch, micro_batch_size, s.share_prefix):
         mask = mb.loss_mask.float()
         logp, entropy = token_logprobs(
             policy, mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.loss_mask,
-            temperature=s.temperature, chunk=s.chunk, with_entropy=True,
+            temperature=s.temperature, chunk=s.chunk, with_entropy=True, share_prefix=s.share_prefix,
         )
         old = mb.old_logprobs if mb.old_logprobs is not None else logp.detach()
         per_token, stats = policy_loss(
@@ -153,7 +182,7 @@ def critic_pass(critic, batch: TrainBatch, clip_range: float, vf_coef: float, mi
     norm = aggregation_normalizers(batch.loss_mask)
     total = max(norm["num_tokens"], 1.0)
     sums: dict[str, float] = {}
-    for mb in micro_batches(batch, micro_batch_size):
+    for mb in micro_batches(batch, micro_batch_size, getattr(critic, "share_prefix", False)):
         mask = mb.loss_mask.float()
         values = critic(mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.loss_mask)
         per_token, stats = value_loss(values, mb.old_values, mb.returns, mask, clip_range=clip_range)
@@ -166,11 +195,12 @@ def critic_pass(critic, batch: TrainBatch, clip_range: float, vf_coef: float, mi
     return sums
 
 
-def _batched_forward(fn, prompt_ids, prompt_mask, completion_ids, completion_mask, micro_batch_size):
+def _batched_forward(fn, prompt_ids, prompt_mask, completion_ids, completion_mask, micro_batch_size,
+                     share_prefix=False):
     """Run ``fn`` over length-sorted, trimmed micro-batches; results in the original row order,
     zero-padded back to ``[B, Tc]``."""
     out = torch.zeros(completion_ids.shape, dtype=torch.float32, device=completion_ids.device)
-    order = length_order(prompt_mask, completion_mask)
+    order = length_order(prompt_mask, completion_mask, _groups(prompt_ids, prompt_mask, share_prefix))
     for start in range(0, len(order), micro_batch_size):
         idx = order[start : start + micro_batch_size]
         p0, tc = _trim_bounds(prompt_mask[idx], completion_mask[idx])
@@ -181,16 +211,22 @@ def _batched_forward(fn, prompt_ids, prompt_mask, completion_ids, completion_mas
 
 @torch.no_grad()
 def batched_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, *,
-                     temperature: float, chunk: int, micro_batch_size: int) -> torch.Tensor:
-    """``[B, Tc]`` log-probabilities under ``model`` without gradients (old / reference policy)."""
+                     temperature: float, chunk: int, micro_batch_size: int, share_prefix: bool = False) -> torch.Tensor:
+    """``[B, Tc]`` log-probabilities under ``model`` without gradients (old / reference policy).
+
+    Args as :func:`harness.logprobs.token_logprobs`, run over micro-batches of
+    ``micro_batch_size`` rows.
+    """
 
     def fn(*args):
-        return token_logprobs(model, *args, temperature=temperature, chunk=chunk)[0]
+        return token_logprobs(model, *args, temperature=temperature, chunk=chunk, share_prefix=share_prefix)[0]
 
-    return _batched_forward(fn, prompt_ids, prompt_mask, completion_ids, completion_mask, micro_batch_size)
+    return _batched_forward(fn, prompt_ids, prompt_mask, completion_ids, completion_mask, micro_batch_size,
+                            share_prefix)
 
 
 @torch.no_grad()
 def batched_values(critic, prompt_ids, prompt_mask, completion_ids, completion_mask, micro_batch_size: int):
     """``[B, Tc]`` critic values without gradients."""
-    return _batched_forward(critic, prompt_ids, prompt_mask, completion_ids, completion_mask, micro_batch_size)
+    return _batched_forward(critic, prompt_ids, prompt_mask, completion_ids, completion_mask, micro_batch_size,
+                            getattr(critic, "share_prefix", False))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from tqdm.auto import tqdm
 
@@ -46,11 +48,14 @@ class HFRollout:
         tokenizer: left-padding tokenizer with a pad token.
         batch_size: sequences per ``generate`` call; 0 = everything in one call.
         progress: show a tqdm bar over chunks.
+        share_prefix: prefill each distinct prompt once and copy its KV cache to the rows that
+            repeat it (a GRPO group repeats its prompt G times), instead of prefilling every row.
+            Sampling is unchanged; only float rounding of the prompt's keys/values can differ.
     """
 
-    def __init__(self, model, tokenizer, batch_size: int = 0, progress: bool = True):
+    def __init__(self, model, tokenizer, batch_size: int = 0, progress: bool = True, share_prefix: bool = True):
         self.model, self.tokenizer = model, tokenizer
-        self.batch_size, self.progress = batch_size, progress
+        self.batch_size, self.progress, self.share_prefix = batch_size, progress, share_prefix
         eos = model.generation_config.eos_token_id if model.generation_config else None
         eos = eos if isinstance(eos, (list, tuple)) else [eos]
         self.eos_ids = {e for e in [*eos, tokenizer.eos_token_id] if e is not None}
@@ -78,6 +83,31 @@ class HFRollout:
             self.model.train(was_training)
         return concat_batches(out, self.tokenizer.pad_token_id)
 
+    def _shared_prefill(self, rows: list[str], enc: dict):
+        """KV cache of ``prompt[:, :-1]`` for every row, computed once per distinct prompt.
+
+        ``generate`` then only runs the last prompt token of each row before sampling, as when
+        a cache is reused across calls (transformers' "re-use the prompt cache" pattern).
+
+        Returns:
+            a transformers ``Cache`` gathered to ``len(rows)`` rows, or None when no prompt
+            repeats, the prompt is one token long, or the model returns no batch-selectable cache.
+        """
+        index: dict[str, int] = {}
+        inverse = [index.setdefault(r, len(index)) for r in rows]
+        ids, mask = enc["input_ids"], enc["attention_mask"]
+        if len(index) == len(rows) or ids.shape[1] < 2:
+            return None
+        first = [inverse.index(u) for u in range(len(index))]
+        u_ids, u_mask = ids[first, :-1], mask[first, :-1]
+        pos = (u_mask.cumsum(dim=1) - 1).clamp(min=0)
+        out = self.model(input_ids=u_ids, attention_mask=u_mask, position_ids=pos, use_cache=True, logits_to_keep=1)
+        cache = out.cache if getattr(out, "cache", None) is not None else out.past_key_values
+        if not hasattr(cache, "batch_select_indices"):
+            return None
+        cache.batch_select_indices(torch.tensor(inverse, device=ids.device))
+        return cache
+
     def _generate(self, rows: list[str], group_size: int, params: SamplingParams) -> RolloutBatch:
         enc = self.tokenizer(rows, return_tensors="pt", padding=True, add_special_tokens=False)
         enc = {k: v.to(self.model.device) for k, v in enc.items()}
@@ -87,6 +117,10 @@ class HFRollout:
         )
         from transformers import LogitsProcessorList
 
+        cache = self._shared_prefill(rows, enc) if self.share_prefix else None
+        if cache is not None:  # transformers >= 5.2x calls it `cache`, earlier `past_key_values`
+            new_name = "cache" in inspect.signature(type(self.model).forward).parameters
+            kwargs["cache" if new_name else "past_key_values"] = cache
         with tqdm(total=params.max_new_tokens, desc=f"rollout ({len(rows)} seqs)", unit="tok",
                   disable=not self.progress, leave=False) as bar:
             seq = self.model.generate(
