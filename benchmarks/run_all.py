@@ -25,6 +25,8 @@ in the same run mean much):
 from __future__ import annotations
 
 import argparse
+import gc
+import json
 import os
 import platform
 import time
@@ -42,9 +44,9 @@ from harness.update import LossSettings, TrainBatch, padding_waste, policy_pass
 ESTIMATORS = ("grpo", "mean_only", "rloo", "reinforce", "ppo")
 
 
-def matmul_gflops(n=2048, reps=5):
-    """Bare fp32 ``[n, n] @ [n, n]`` GFLOP/s (2 n^3 flops per product)."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
+def matmul_gflops(n=2048, reps=5, dtype=torch.float32):
+    """Bare ``[n, n] @ [n, n]`` GFLOP/s in ``dtype`` (2 n^3 flops per product)."""
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
     a @ b
     t = time.perf_counter()
     for _ in range(reps):
@@ -182,6 +184,17 @@ def main(argv=None):
              + (" --skip-trl" if args.skip_trl else "") + "`.", ""]
     mm = matmul_gflops()
     lines += [f"Bare fp32 matmul 2048^3: **{mm:.0f} GFLOP/s**", ""]
+    # dtype / threads: what the CPU defaults (fp32, all cores) are chosen from
+    threads = torch.get_num_threads()
+    bf16 = matmul_gflops(reps=2, dtype=torch.bfloat16)
+    torch.set_num_threads(1)
+    one = matmul_gflops(reps=2)
+    torch.set_num_threads(threads)
+    lines += [f"dtype/threads: bf16 matmul {bf16:.0f} GFLOP/s ({bf16 / mm:.2f}x fp32); fp32 on 1 thread "
+              f"{one:.0f} GFLOP/s ({mm / one:.2f}x from the second thread). The defaults are fp32 (exact "
+              f"on-policy ratios, reproducible runs) and all cores (`train.threads=0`); "
+              f"`python -m benchmarks.dtype_probe` times a training step in bf16.", ""]
+    write(args.out, lines)
 
     # 2. rollout
     base = "Ana has 23 apples. She gets 45 more apples. How many apples does Ana have now? Answer:"
@@ -202,6 +215,7 @@ def main(argv=None):
     lines += [f"| {P} arith 2-shot prompts (~{len(plen)} tokens) x G={G} | {r['bare']:.1f} | {r['hf']:.1f} | "
               f"{r['hf+share']:.1f} | {r['hf'] / r['bare']:.2f} | {r['hf+share'] / r['bare']:.2f} |", ""]
 
+    write(args.out, lines)
     # 3. training on distinct tokens: MFU and peak memory
     B, Tp, Tc = (4, 128, 64) if args.quick else (16, 256, 128)
     ours = train_step_cost(model, B, Tp, Tc)
@@ -214,6 +228,7 @@ def main(argv=None):
     lines += ["", f"Peak memory harness / naive: **{ours['peak'] / naive['peak']:.0%}** (RSS high-water mark of "
               "the process, which includes the loaded model and tokenizer on both sides)", ""]
 
+    write(args.out, lines)
     # 4. a real GRPO batch: shared prefix and padding waste
     batch = HFRollout(model, tok, progress=False).generate(prompts, G, SamplingParams(0.7, 1.0, 48))
     cost = grpo_update_cost(model, batch)
@@ -236,16 +251,40 @@ def main(argv=None):
               f"so the completions' right padding (up to the group's longest) is a larger share of a much smaller "
               f"forward: {shared_real / (1 - w_share):.0f} slots vs {real / (1 - w_plain):.0f}.", ""]
 
-    # 5. per estimator, 6. TRL
+    write(args.out, lines)
+    # 5. per estimator, 6. TRL: fresh processes; give back this process's memory first (TRL's
+    # step alone peaks near 10 GiB RSS here, and the naive step above left a large heap)
+    del model, batch
+    gc.collect()
+    _malloc_trim()
     lines += estimator_table(args.quick)
+    write(args.out, lines)
     if not args.skip_trl and not args.quick:
         result = trl_compare.run_comparison(warmup=1, steps=1)
         lines += trl_compare.markdown(result)
+        raw = Path(args.out).with_name("trl_compare.json")
+        raw.write_text(json.dumps(result, indent=1, default=str))
+        lines += [f"Raw per-step data of both sides: `{raw}`.", ""]
     lines += [f"Total benchmark wall time: {(time.perf_counter() - t_start) / 60:.1f} min", ""]
+    print(write(args.out, lines))
+
+
+def write(path, lines) -> str:
+    """Write what is measured so far (a later failure loses nothing already measured)."""
     text = "\n".join(lines) + "\n"
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(text)
-    print(text)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(text)
+    return text
+
+
+def _malloc_trim() -> None:
+    """Return freed heap pages to the OS (glibc only; a no-op elsewhere)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 if __name__ == "__main__":
