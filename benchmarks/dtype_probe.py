@@ -22,7 +22,10 @@ from harness.models import EMBEDDED_NAME, load_causal_lm
 from harness.update import LossSettings, TrainBatch, policy_pass
 
 
-def main() -> None:
+def main(argv=None) -> None:
+    import argparse
+
+    argparse.ArgumentParser(description=__doc__.split("\n")[0]).parse_args(argv)
     B, Tp, Tc = 16, 256, 128
     g = torch.Generator().manual_seed(0)
     p_ids, c_ids = torch.randint(3, 40000, (B, Tp), generator=g), torch.randint(3, 40000, (B, Tc), generator=g)

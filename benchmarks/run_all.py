@@ -18,7 +18,7 @@ in the same run mean much):
    (:mod:`benchmarks.trl_compare`).
 
     python -m benchmarks.run_all            # ~15-20 min on 2 cores
-    python -m benchmarks.run_all --quick    # smaller shapes, harness-only estimator/TRL parts: ~3 min
+    python -m benchmarks.run_all --quick    # smaller shapes, no TRL, -> results/benchmarks-quick.md: ~3 min
     python -m benchmarks.run_all --skip-trl # everything but section 6
 """
 
@@ -169,8 +169,10 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="smaller shapes, no TRL (a few minutes)")
     ap.add_argument("--skip-trl", action="store_true", help="leave out the TRL comparison")
-    ap.add_argument("--out", default="results/benchmarks.md")
+    ap.add_argument("--out", default=None,
+                    help="default results/benchmarks.md; results/benchmarks-quick.md (git-ignored) with --quick")
     args = ap.parse_args(argv)
+    args.out = args.out or ("results/benchmarks-quick.md" if args.quick else "results/benchmarks.md")
     t_start = time.perf_counter()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     tok = load_tokenizer(EMBEDDED_NAME)
