@@ -134,11 +134,10 @@ def grpo_update_cost(model, batch, micro=8):
 
 def arith_prompts(tok, n):
     """The first ``n`` training prompts of ``preset=arith_cpu`` (2-shot), as the trainer renders them."""
-    cfg = trl_compare.compose_cfg(trl_compare.resolve_settings(model="tiny"))
     from harness.tasks import build_task
 
-    task = build_task(cfg.task)
-    return [task.prompt(task.train_problem(i, cfg.seed), tok) for i in range(n)]
+    cfg = trl_compare.compose_cfg(trl_compare.resolve_settings(model="tiny", prompts=n))
+    return trl_compare.train_prompts(cfg, build_task(cfg.task), tok, 1)[0]
 
 
 def estimator_table(quick: bool) -> list[str]:

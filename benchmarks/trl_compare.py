@@ -255,16 +255,9 @@ def trl_worker(settings: dict, output_dir: str) -> dict:
     from harness.rewards import compute_rewards
 
     s = settings
-    cfg = compose_cfg(settings)  # the same config, task, tokenizer and weights as the harness side
-    torch.manual_seed(cfg.seed)
-    torch.set_num_threads(cfg.train.threads)
-    from harness.models import load_tokenizer
     from harness.perf import PeakMemory
-    from harness.run import build_policy
-    from harness.tasks import build_task
 
-    task, tokenizer = build_task(cfg.task), load_tokenizer(cfg.model.name_or_path)
-    policy = build_policy(cfg, tokenizer).train()
+    cfg, task, tokenizer, policy, _, _ = _build(settings)  # the harness side's config, task and weights
     peak = PeakMemory()
     prompts, golds = train_prompts(cfg, task, tokenizer, s["warmup"] + s["steps"])
     # TRL tokenizes a plain-string prompt with the tokenizer's defaults (add_special_tokens=True);

@@ -13,6 +13,7 @@ again in backward).
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 import torch
@@ -55,6 +56,39 @@ def prompt_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[
     first = torch.full((int(inverse.max()) + 1,), len(inverse), dtype=torch.long, device=inverse.device)
     first = first.scatter_reduce(0, inverse, rows, reduce="amin")
     return first, inverse
+
+
+def prompt_cache(module, prompt_ids, prompt_mask, rows, **kwargs):
+    """Run ``module`` once over distinct prompts and gather its key/value cache to ``rows``.
+
+    Shared by the rollout prefill (:class:`harness.rollout.hf.HFRollout`) and the training
+    forward (:func:`shared_prefix_hidden`). Positions are ``cumsum(mask) - 1``, as in
+    :func:`build_inputs` and transformers ``generate``.
+
+    Args:
+        module: a transformers model or backbone accepting ``use_cache``.
+        prompt_ids, prompt_mask: ``[U, Tp]`` left-padded distinct prompts.
+        rows: ``[B]`` long tensor, the prompt of each output row (gradients sum over repeats).
+        **kwargs: passed to ``module`` (e.g. ``logits_to_keep=1``).
+    Returns:
+        ``(output, cache)``: the module output over the U prompts and a transformers ``Cache``
+        of B rows, or ``None`` for the cache when the module returns none that is batch-selectable.
+    """
+    mask = prompt_mask.long()
+    pos = (mask.cumsum(dim=1) - 1).clamp(min=0)
+    out = module(input_ids=prompt_ids, attention_mask=mask, position_ids=pos, use_cache=True, **kwargs)
+    cache = out.cache if getattr(out, "cache", None) is not None else out.past_key_values
+    if not hasattr(cache, "batch_select_indices"):
+        return out, None
+    cache.batch_select_indices(rows)
+    return out, cache
+
+
+@functools.cache
+def cache_kwarg(module_type: type) -> str:
+    """The name ``module_type.forward`` takes a cache under: ``cache`` (transformers >= 5.2x)
+    or ``past_key_values`` (earlier)."""
+    return "cache" if "cache" in inspect.signature(module_type.forward).parameters else "past_key_values"
 
 
 def completion_hidden(model, prompt_ids, prompt_mask, completion_ids, completion_mask, *, share_prefix: bool = False):
@@ -104,17 +138,13 @@ def shared_prefix_hidden(model, prompt_ids, prompt_mask, completion_ids, complet
         TypeError: the model's cache has no ``batch_select_indices`` (not a transformers cache).
     """
     body = backbone(model)
-    p_ids, p_mask = prompt_ids[first], prompt_mask[first].long()
-    p_pos = (p_mask.cumsum(dim=1) - 1).clamp(min=0)
-    out = body(input_ids=p_ids, attention_mask=p_mask, position_ids=p_pos, use_cache=True)
-    cache = out.cache if getattr(out, "cache", None) is not None else out.past_key_values
-    if not hasattr(cache, "batch_select_indices"):
-        raise TypeError(f"share_prefix needs a transformers Cache from {type(body).__name__}, got {type(cache).__name__}")
-    cache.batch_select_indices(inverse)
+    out, cache = prompt_cache(body, prompt_ids[first], prompt_mask[first], inverse)
+    if cache is None:
+        raise TypeError(f"share_prefix needs a transformers Cache from {type(body).__name__}")
     mask = torch.cat([prompt_mask, completion_mask], dim=1).long()
     pos = (mask.cumsum(dim=1) - 1).clamp(min=0)[:, prompt_ids.shape[1]:]
-    cache_kw = "cache" if "cache" in inspect.signature(body.forward).parameters else "past_key_values"
-    out_c = body(input_ids=completion_ids, attention_mask=mask, position_ids=pos, use_cache=True, **{cache_kw: cache})
+    out_c = body(input_ids=completion_ids, attention_mask=mask, position_ids=pos, use_cache=True,
+                 **{cache_kwarg(type(body)): cache})
     last_prompt = out.last_hidden_state[:, -1][inverse]  # predicts completion token 0
     return torch.cat([last_prompt.unsqueeze(1), out_c.last_hidden_state[:, :-1]], dim=1)
 

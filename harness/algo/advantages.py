@@ -31,8 +31,6 @@ from .utils import masked_mean, masked_sum, masked_var, shape_str
 OUTCOME_ESTIMATORS: Registry = Registry("outcome estimator")
 
 
-
-
 def outcome_requires_groups(name: str) -> bool:
     """True if outcome estimator ``name`` needs groups of ``G >= 2`` completions.
 

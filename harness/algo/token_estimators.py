@@ -71,8 +71,6 @@ class AdvantageOutput:
 TOKEN_ESTIMATORS: Registry = Registry("advantage estimator")
 
 
-
-
 def requires_groups(name: str) -> bool:
     """True if estimator ``name`` (any ``TOKEN_ESTIMATORS`` name, which include
     all outcome estimator names) needs groups of ``G >= 2`` completions per prompt.

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 from tqdm.auto import tqdm
 
+from harness.logprobs import cache_kwarg, prompt_cache
 from harness.rollout.base import RolloutBatch, SamplingParams, concat_batches
 
 
@@ -99,14 +98,8 @@ class HFRollout:
         if len(index) == len(rows) or ids.shape[1] < 2:
             return None
         first = [inverse.index(u) for u in range(len(index))]
-        u_ids, u_mask = ids[first, :-1], mask[first, :-1]
-        pos = (u_mask.cumsum(dim=1) - 1).clamp(min=0)
-        out = self.model(input_ids=u_ids, attention_mask=u_mask, position_ids=pos, use_cache=True, logits_to_keep=1)
-        cache = out.cache if getattr(out, "cache", None) is not None else out.past_key_values
-        if not hasattr(cache, "batch_select_indices"):
-            return None
-        cache.batch_select_indices(torch.tensor(inverse, device=ids.device))
-        return cache
+        return prompt_cache(self.model, ids[first, :-1], mask[first, :-1], torch.tensor(inverse, device=ids.device),
+                            logits_to_keep=1)[1]
 
     def _generate(self, rows: list[str], group_size: int, params: SamplingParams) -> RolloutBatch:
         enc = self.tokenizer(rows, return_tensors="pt", padding=True, add_special_tokens=False)
@@ -118,9 +111,8 @@ class HFRollout:
         from transformers import LogitsProcessorList
 
         cache = self._shared_prefill(rows, enc) if self.share_prefix else None
-        if cache is not None:  # transformers >= 5.2x calls it `cache`, earlier `past_key_values`
-            new_name = "cache" in inspect.signature(type(self.model).forward).parameters
-            kwargs["cache" if new_name else "past_key_values"] = cache
+        if cache is not None:
+            kwargs[cache_kwarg(type(self.model))] = cache
         with tqdm(total=params.max_new_tokens, desc=f"rollout ({len(rows)} seqs)", unit="tok",
                   disable=not self.progress, leave=False) as bar:
             seq = self.model.generate(
