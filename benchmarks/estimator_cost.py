@@ -21,7 +21,8 @@ import torch
 
 from harness.algo import AdvantageContext, estimate_advantages
 from harness.logprobs import ValueModel
-from harness.update import LossSettings, TrainBatch, batched_logprobs, batched_values, critic_pass, policy_pass
+from harness.sweep import compose
+from harness.update import TrainBatch, batched_logprobs, batched_values, critic_pass, policy_pass
 
 SHAPES = {  # architecture only (public config.json values); weights are random
     "tiny": dict(vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -100,9 +101,8 @@ def run_one(shape, estimator, args):
     adv = estimate_advantages(estimator, ctx)
     t0 = time.perf_counter()
     tb = TrainBatch(prompts, pmask, comp, cmask, adv.advantages, None, refl, values, adv.returns)
-    s = LossSettings(epsilon=0.2, epsilon_high=None, dual_clip=None, ratio_level="token", beta=0.04,
-                     kl_form="k3", kl_in_loss=True, entropy_coef=0.0, loss_agg="token-mean",
-                     loss_agg_constant=None, temperature=1.0, chunk=args.chunk)
+    s = compose(["epsilon=0.2", "beta=0.04", "kl.form=k3", "kl.placement=loss", "loss_agg=token-mean",
+                 "rollout.temperature=1.0", f"train.logprob_chunk={args.chunk}", "train.share_prefix=false"])
     if critic is not None:
         copt.zero_grad()
         critic_pass(critic, tb, 0.2, 0.5, mb)

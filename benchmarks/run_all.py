@@ -39,7 +39,8 @@ from harness.models import EMBEDDED_NAME, load_causal_lm, load_tokenizer
 from harness.perf import PeakMemory
 from harness.rollout import SamplingParams
 from harness.rollout.hf import HFRollout
-from harness.update import LossSettings, TrainBatch, padding_waste, policy_pass
+from harness.sweep import compose
+from harness.update import TrainBatch, padding_waste, policy_pass
 
 ESTIMATORS = ("grpo", "mean_only", "rloo", "reinforce", "ppo")
 
@@ -86,9 +87,9 @@ def rollout_rates(model, tok, prompts, num_samples, new_tokens, order=("bare", "
 
 
 def _settings(share_prefix=False, chunk=64):
-    return LossSettings(epsilon=0.2, epsilon_high=None, dual_clip=None, ratio_level="token", beta=0.0,
-                        kl_form="k3", kl_in_loss=True, entropy_coef=0.0, loss_agg="token-mean",
-                        loss_agg_constant=None, temperature=1.0, chunk=chunk, share_prefix=share_prefix)
+    """The run config the loss reads: GRPO token-mean, beta 0, the given chunk and prefix sharing."""
+    return compose(["epsilon=0.2", "beta=0.0", "loss_agg=token-mean", "rollout.temperature=1.0",
+                    f"train.logprob_chunk={chunk}", f"train.share_prefix={str(share_prefix).lower()}"])
 
 
 def train_step_cost(model, B, Tp, Tc, naive=False, micro=4, chunk=64):

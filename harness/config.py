@@ -38,42 +38,60 @@ class TaskConfig:
     name: str = MISSING
     eval_size: int = 50
     eval_seed: int = 1234
-    train_size: Optional[int] = None  # cap on training problems (None = all)
+    train_size: Optional[int] = None  # cap on training problems (None = all): the stream cycles over them
     num_shots: int = 2  # worked examples prepended as chat turns (0 = zero-shot)
     system_prompt: Optional[str] = None
     instruction: str = "{question}"
     format_reward: float = 0.0  # weight of the answer-format reward component
-    strict: bool = False  # malformed rows: error naming file:line (True) or skip + count (False)
 
 
 @dataclass
 class GSM8KTaskConfig(TaskConfig):
+    """GSM8K. Local files: task.data_dir=../shared/data/gsm8k or HARNESS_GSM8K_DIR; else the hub."""
+
     name: str = "gsm8k"
-    data_dir: Optional[str] = None  # folder with train.jsonl/test.jsonl; None = HF hub openai/gsm8k
+    eval_size: int = 48
+    num_shots: int = 0
+    instruction: str = ("Solve the problem step by step. End your answer with a line of the form "
+                        "'#### <number>'.\n\n{question}")
+    format_reward: float = 0.5
+    data_dir: Optional[str] = "${oc.env:HARNESS_GSM8K_DIR,null}"  # train.jsonl/test.jsonl; None = hub
     hub_id: str = "openai/gsm8k"
     hub_config: str = "main"
+    strict: bool = False  # malformed rows: error naming file:line (True) or skip + count (False)
 
 
 @dataclass
 class MathTaskConfig(TaskConfig):
+    """MATH train / MATH-500 eval. Local files: task.data_dir or HARNESS_MATH_DIR; else the hub."""
+
     name: str = "math"
-    data_dir: Optional[str] = None  # folder with train.jsonl/math500_test.jsonl; None = HF hub
+    eval_size: int = 100
+    instruction: str = "Solve the problem step by step. Put the final answer in \\boxed{{}}.\n\n{question}"
+    format_reward: float = 0.2
+    data_dir: Optional[str] = "${oc.env:HARNESS_MATH_DIR,null}"  # train.jsonl/math500_test.jsonl; None = hub
     hub_train_id: str = "EleutherAI/hendrycks_math"
     hub_eval_id: str = "HuggingFaceH4/MATH-500"
     levels: Optional[list] = None  # e.g. [1, 2]
     subjects: Optional[list] = None  # e.g. [Algebra, Prealgebra]
-    verify_timeout_s: float = 5.0
-    verify_workers: int = 2
+    verify_timeout_s: float = 5.0  # per-check deadline; a check past it scores 0 (status timeout)
+    verify_workers: int = 2  # verifier worker processes (speed only)
+    strict: bool = False  # malformed rows: error naming file:line (True) or skip + count (False)
 
 
 @dataclass
 class ArithTaskConfig(TaskConfig):
+    """Procedurally generated arithmetic word problems (no data files needed)."""
+
     name: str = "arith"
+    eval_size: int = 100
+    instruction: str = ("Solve the problem. Show the calculation, then end with a line of the form "
+                        "'#### <number>'.\n\n{question}")
     digits: int = 2  # operand digits
     num_ops: int = 1  # operations per problem
     operators: list = field(default_factory=lambda: ["+", "-"])
     distractors: int = 0  # irrelevant sentences with numbers
-    test_size: int = 200
+    test_size: int = 200  # problems in the fixed test set (eval_size are drawn from it)
     seed: int = 0
 
 
@@ -82,11 +100,11 @@ class ArithTaskConfig(TaskConfig):
 
 @dataclass
 class RolloutConfig:
-    """Sampling for training rollouts. ``batch_size``: sequences per ``generate`` call (0 = all)."""
+    """Sampling for training rollouts (``rollout=hf``). ``batch_size``: sequences per ``generate`` call (0 = all)."""
 
     backend: str = "hf"
     temperature: float = 1.0
-    top_p: float = 1.0
+    top_p: float = 1.0  # only 1.0: the trainer scores the full softmax (harness.validate says why)
     max_new_tokens: int = 128
     batch_size: int = 0
     progress: bool = True
@@ -94,67 +112,8 @@ class RolloutConfig:
 
 
 # ------------------------------------------------------------------------ algorithm
-
-
-@dataclass
-class AdvantageConfig:
-    """Estimator name plus its keyword parameters (passed to the registered function)."""
-
-    name: str = MISSING
-
-
-@dataclass
-class GRPOAdvantageConfig(AdvantageConfig):
-    name: str = "grpo"
-    eps: float = 1e-6
-    scale: str = "group"  # group | batch | none
-    unbiased: bool = True
-
-
-@dataclass
-class MeanOnlyAdvantageConfig(AdvantageConfig):
-    name: str = "mean_only"
-
-
-@dataclass
-class RLOOAdvantageConfig(AdvantageConfig):
-    name: str = "rloo"
-
-
-@dataclass
-class ReinforceAdvantageConfig(AdvantageConfig):
-    name: str = "reinforce"
-    baseline: str = "batch_mean"  # none | batch_mean | ema
-    ema_decay: float = 0.9
-
-
-@dataclass
-class ReinforcePPAdvantageConfig(AdvantageConfig):
-    name: str = "reinforce_pp"
-    gamma: float = 1.0
-
-
-@dataclass
-class PPOAdvantageConfig(AdvantageConfig):
-    """PPO with a learned critic and GAE. gamma=1.0: rewards are episodic and undiscounted
-    (the outcome reward sits on the last token); lam=0.95 trades bias for variance as in
-    the GAE paper and verl/OpenRLHF defaults."""
-
-    name: str = "ppo"
-    gamma: float = 1.0
-    lam: float = 0.95
-    whiten: bool = True
-    vf_coef: float = 0.5
-    critic_lr: float = 1e-5
-    value_clip: float = 0.2
-    critic_warmup_steps: int = 0
-    critic_init: str = "policy"  # policy (copy the policy's weights) | random
-
-
-@dataclass
-class ProcessAdvantageConfig(AdvantageConfig):
-    name: str = "process"
-    eps: float = 1e-6
+# The advantage estimators' and loss aggregations' params dataclasses live beside their functions
+# (harness.algo) and are stored below as the options of the ``advantage`` and ``loss_agg`` groups.
 
 
 @dataclass
@@ -162,6 +121,9 @@ class KLConfig:
     """KL(pi || pi_ref) estimator (Schulman 2020: k1, k2, k3) and where it enters."""
 
     form: str = "k3"
+    # bound on the per-token estimate, [-clamp, clamp] (verl low_var_kl and OpenRLHF clamp to 10;
+    # k3 also bounds log r to +-20 first); None = no clamp
+    clamp: Optional[float] = None
     placement: str = "loss"  # loss | reward | none
     ref_refresh_steps: int = 0  # copy the policy into the reference every N steps (0 = never)
 
@@ -177,10 +139,10 @@ class OverlongConfig:
 
 @dataclass
 class TrainConfig:
-    steps: int = 20
+    steps: int = 8
     prompts_per_step: int = 4  # P; the batch is P * group_size completions
     micro_batch_size: int = 8  # completions per forward/backward
-    lr: float = 1e-6
+    lr: float = 1e-5
     weight_decay: float = 0.0
     adam_betas: list = field(default_factory=lambda: [0.9, 0.99])
     max_grad_norm: float = 1.0
@@ -196,9 +158,9 @@ class TrainConfig:
 
 @dataclass
 class EvalConfig:
-    every: int = 10  # steps between evals (0 = only before and after)
-    size: Optional[int] = None  # override task.eval_size
-    batch_size: int = 64
+    every: int = 4  # steps between evals (0 = only before and after)
+    size: Optional[int] = None  # evaluate only the first N of the task's eval set (None = all task.eval_size)
+    batch_size: int = 48
     max_new_tokens: Optional[int] = None  # None = rollout.max_new_tokens
     num_samples: int = 0  # k samples per problem for mean@k / pass@k (0 = greedy only)
     temperature: float = 1.0
@@ -216,8 +178,8 @@ class TrackingConfig:
 @dataclass
 class CheckpointConfig:
     dir: Optional[str] = None  # None = <hydra output dir>/checkpoints
-    every: int = 0  # steps between checkpoints (0 = only at the end)
-    keep: int = 2
+    every: int = 4  # steps between checkpoints (0 = only at the end)
+    keep: int = 1
 
 
 @dataclass
@@ -236,8 +198,7 @@ class Config:
     ratio_level: str = "token"  # token | sequence (GSPO)
     beta: float = 0.04  # KL coefficient
     kl: KLConfig = field(default_factory=KLConfig)
-    loss_agg: str = "token-mean"
-    loss_agg_constant: Optional[float] = None  # seq-mean-token-sum-norm divisor (None = max_new_tokens)
+    loss_agg: Any = MISSING  # a LOSS_AGGREGATIONS params node: loss_agg=token-mean, ...
     entropy_coef: float = 0.0
     mu: int = 1  # policy iterations per rollout batch
     overlong: OverlongConfig = field(default_factory=OverlongConfig)
@@ -249,25 +210,33 @@ class Config:
     output_dir: Optional[str] = None  # None = Hydra's job output dir
 
 
+TASK_SCHEMAS = {"gsm8k": GSM8KTaskConfig, "math": MathTaskConfig, "arith": ArithTaskConfig}
+ROLLOUT_SCHEMAS = {"hf": RolloutConfig}
+
+
+def group_schemas() -> dict:
+    """``{group: {option: dataclass}}`` for every config group whose options are schemas.
+
+    The advantage and loss-aggregation options come from the algo registries, so a registered
+    variant is selectable (``advantage=<name>``) without a yaml file.
+    """
+    from harness.algo import LOSS_AGGREGATIONS, TOKEN_ESTIMATORS
+
+    return {"task": TASK_SCHEMAS, "advantage": dict(TOKEN_ESTIMATORS.schemas()),
+            "loss_agg": dict(LOSS_AGGREGATIONS.schemas()), "rollout": ROLLOUT_SCHEMAS}
+
+
 def register_configs() -> None:
-    """Store every schema so ``conf/`` yaml files can extend them via their defaults list."""
+    """Store every schema in Hydra's ConfigStore.
+
+    ``config_schema`` is the root; each option of the ``task``, ``advantage``, ``loss_agg`` and
+    ``rollout`` groups is stored under its own name, so ``advantage=rloo`` selects the RLOO
+    params node directly (its defaults are the dataclass's). ``model/model_schema`` is the base of
+    the model presets in ``conf/model/``.
+    """
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)
-    for name, node in {
-        "gsm8k": GSM8KTaskConfig,
-        "math": MathTaskConfig,
-        "arith": ArithTaskConfig,
-    }.items():
-        cs.store(group="task", name=f"{name}_schema", node=node)
-    for name, node in {
-        "grpo": GRPOAdvantageConfig,
-        "mean_only": MeanOnlyAdvantageConfig,
-        "rloo": RLOOAdvantageConfig,
-        "reinforce": ReinforceAdvantageConfig,
-        "reinforce_pp": ReinforcePPAdvantageConfig,
-        "ppo": PPOAdvantageConfig,
-        "process": ProcessAdvantageConfig,
-    }.items():
-        cs.store(group="advantage", name=f"{name}_schema", node=node)
+    for group, options in group_schemas().items():
+        for name, node in options.items():
+            cs.store(group=group, name=name, node=node)
     cs.store(group="model", name="model_schema", node=ModelConfig)
-    cs.store(group="rollout", name="rollout_schema", node=RolloutConfig)

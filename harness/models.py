@@ -27,6 +27,17 @@ _EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def dtype_of(name: str) -> torch.dtype:
+    """``model.dtype`` string -> torch dtype.
+
+    Raises:
+        ModelLoadError: not one of float32 / bfloat16 / float16.
+    """
+    if name not in _DTYPES:
+        raise ModelLoadError(f"model.dtype={name!r}: expected one of {sorted(_DTYPES)}")
+    return _DTYPES[name]
+
+
 class ModelLoadError(RuntimeError):
     """A model path, id or dtype could not be resolved; the message says which and how to fix it."""
 

@@ -61,6 +61,33 @@ def compute_rewards(task, texts: list[str], golds: list[str], lengths: torch.Ten
     return RewardOutput(total, correct, formatted, over, summarize(verdicts))
 
 
+def shape_rewards(rewards: torch.Tensor, mask: torch.Tensor, old_logprobs, ref_logprobs, cfg):
+    """Sequence scores and per-token rewards the advantage estimator sees.
+
+    Args:
+        rewards: ``[B]`` total reward of each completion; mask: ``[B, T]`` completion mask.
+        old_logprobs, ref_logprobs: ``[B, T]`` behaviour and reference log-probs, or None.
+        cfg: the run config (``kl.placement``, ``kl.form``, ``kl.clamp``, ``beta``).
+    Returns:
+        ``(scores [B], token_rewards [B, T])``: the outcome reward sits on each row's last valid
+        token (0 for an empty row). With ``kl.placement=reward`` and a reference, the per-token
+        KL estimate ``k(old, ref)`` times ``beta`` is subtracted from every token's reward and its
+        row sum from the score (InstructGPT-style KL in the reward; verl ``use_kl_in_reward``).
+    """
+    lengths = mask.sum(1).long()
+    token_rewards = torch.zeros(mask.shape, dtype=torch.float32)
+    last = (lengths - 1).clamp(min=0)
+    token_rewards[torch.arange(len(lengths)), last] = rewards * (lengths > 0).float()
+    scores = rewards.clone().float()
+    if ref_logprobs is not None and cfg.kl.placement == "reward":
+        from harness.algo import kl_penalty
+
+        kl_tok = kl_penalty(old_logprobs, ref_logprobs, cfg.kl.form, clamp=cfg.kl.clamp) * mask
+        token_rewards = token_rewards - cfg.beta * kl_tok
+        scores = scores - cfg.beta * kl_tok.sum(1)
+    return scores, token_rewards
+
+
 def token_end_offsets(tokenizer, ids: list[int]) -> list[int]:
     """Character offset in the decoded text where each token ends (``len(ids)`` entries)."""
     ends, total = [], 0

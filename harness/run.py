@@ -39,7 +39,9 @@ def config_key(cfg) -> str:
 
 
 def build_policy(cfg, tokenizer):
-    from harness.models import load_causal_lm
+    """The policy model: a random ``model.tiny_config`` architecture or the loaded weights, in
+    ``model.dtype``, with ``model.gradient_checkpointing`` applied either way."""
+    from harness.models import dtype_of, load_causal_lm
 
     if cfg.model.tiny_config:
         from transformers import AutoConfig, AutoModelForCausalLM
@@ -50,8 +52,9 @@ def build_policy(cfg, tokenizer):
         model = AutoModelForCausalLM.from_config(mc)
         model.generation_config.eos_token_id = tokenizer.eos_token_id
         model.generation_config.pad_token_id = tokenizer.pad_token_id
-        return model
-    model = load_causal_lm(cfg.model.name_or_path, cfg.model.dtype)
+        model = model.to(dtype_of(cfg.model.dtype))
+    else:
+        model = load_causal_lm(cfg.model.name_or_path, cfg.model.dtype)
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     return model
@@ -65,6 +68,7 @@ def build_components(cfg):
     Raises:
         FileNotFoundError, ConfigError: missing data or model files, unknown backend.
     """
+    from harness.algo import TOKEN_ESTIMATORS
     from harness.logprobs import ValueModel
     from harness.models import load_tokenizer
     from harness.rollout import build_backend
@@ -75,7 +79,7 @@ def build_components(cfg):
     policy = build_policy(cfg, tokenizer)
     policy.train()
     critic = None
-    if cfg.advantage.name == "ppo":
+    if "values" in TOKEN_ESTIMATORS.spec(cfg.advantage.name).needs:
         import copy
 
         base = copy.deepcopy(policy) if cfg.advantage.critic_init == "policy" else build_policy(cfg, tokenizer)
@@ -97,7 +101,20 @@ def _hydra_dirs(cfg) -> tuple[Path, Path]:
     return Path(cfg.output_dir or Path.cwd() / "outputs" / config_key(cfg)), Path.cwd()
 
 
-def train(cfg, on_eval=None) -> float:
+def prepare(cfg) -> None:
+    """Startup checks and process settings of a run: :func:`harness.validate.validate`, the torch
+    seed (``seed``) and the intra-op thread count (``train.threads``, 0 = leave as is).
+
+    Raises:
+        ConfigError: naming the first invalid key.
+    """
+    validate(cfg)
+    torch.manual_seed(cfg.seed)
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+
+
+def train(cfg, on_eval=None, on_step=None) -> float:
     """Run one job; returns the final eval accuracy (the sweep objective).
 
     Args:
@@ -105,15 +122,14 @@ def train(cfg, on_eval=None) -> float:
         on_eval: optional ``fn(step, metrics)`` called after each eval (Optuna reporting and
             pruning: an exception raised there, e.g. ``optuna.TrialPruned``, ends the run as
             KILLED with a checkpoint and propagates).
+        on_step: optional ``fn(record)`` called with each step's
+            :class:`harness.trainer.StepRecord` (rewards, advantages, metrics).
     """
     from harness import checkpoint as ckpt
     from harness.tracking import Tracker, flatten, git_commit, resolve_uri
     from harness.trainer import Trainer
 
-    validate(cfg)
-    torch.manual_seed(cfg.seed)
-    if cfg.train.threads:
-        torch.set_num_threads(cfg.train.threads)
+    prepare(cfg)
     output_dir, launch_dir = _hydra_dirs(cfg)
     key = config_key(cfg)
     ckpt_dir = Path(cfg.checkpoint.dir or launch_dir / "checkpoints" / key)
@@ -132,7 +148,7 @@ def train(cfg, on_eval=None) -> float:
     tracker = Tracker(uri, cfg.tracking.experiment)
     task, tokenizer, policy, critic, backend = build_components(cfg)
     trainer = Trainer(cfg, task, tokenizer, policy, backend, tracker, critic=critic, checkpoint_dir=ckpt_dir,
-                      on_eval=on_eval)
+                      on_eval=on_eval, on_step=on_step)
     tracker.start(cfg.tracking.run_name, run_id=state["run_id"] if state else None)
     if state is not None:
         trainer.load_state_dict(state)

@@ -9,24 +9,50 @@ import copy
 import logging
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import torch
 
 from harness import checkpoint as ckpt
-from harness.algo import AdvantageContext, estimate_advantages, kl_penalty
+from harness.algo import TOKEN_ESTIMATORS, AdvantageContext
 from harness.evaluation import evaluate
+from harness.health import HealthMonitor
 from harness.perf import PeakMemory
-from harness.rewards import compute_rewards, process_step_rewards
-from harness.rollout import SamplingParams, concat_batches
-from harness.update import (LossSettings, TrainBatch, batched_logprobs, batched_values, critic_pass, padding_waste,
-                            policy_pass)
+from harness.rewards import RewardOutput, compute_rewards, process_step_rewards, shape_rewards
+from harness.rollout import RolloutBatch, SamplingParams, concat_batches
+from harness.update import TrainBatch, batched_logprobs, batched_values, critic_pass, padding_waste, policy_pass
 
 log = logging.getLogger(__name__)
 
 
 class TrainingStopped(RuntimeError):
     """Too many consecutive non-finite steps; a checkpoint was saved before raising."""
+
+
+@dataclass
+class StepRecord:
+    """What one training step computed, passed to ``on_step`` (tests, notebooks, custom logging).
+
+    Attributes:
+        step: the step number (1-based, as logged).
+        batch: the rollout batch (rows group-major).
+        rewards: the reward components, ``[B]`` each.
+        scores: ``[P, G]`` sequence scores the estimator saw (rewards minus reward-placed KL).
+        advantages: ``[B, T]``; returns: ``[B, T]`` value targets or None.
+        loss_mask: ``[B, T]`` the tokens the loss used.
+        metrics: the step's logged metrics (evals included when the step evaluated).
+    """
+
+    step: int
+    batch: RolloutBatch
+    rewards: RewardOutput
+    scores: torch.Tensor
+    advantages: torch.Tensor
+    returns: Optional[torch.Tensor]
+    loss_mask: torch.Tensor
+    metrics: dict
 
 
 def lr_lambda(schedule: str, warmup: int, total: int):
@@ -50,12 +76,21 @@ class Trainer:
         critic: a :class:`harness.logprobs.ValueModel` for ``advantage=ppo``, else None.
         checkpoint_dir: where checkpoints go.
         on_eval: optional ``fn(step, metrics)`` called after each evaluation.
+        on_step: optional ``fn(record: StepRecord)`` called after each step's metrics are complete.
+
+    The estimator is looked up once (``TOKEN_ESTIMATORS.spec(cfg.advantage.name)``) and receives
+    ``cfg.advantage`` whole; what it declares in ``needs`` (critic values, step rewards) is
+    computed for it. No variant is named here.
     """
 
     def __init__(self, cfg, task, tokenizer, policy, backend, tracker, critic=None, checkpoint_dir=None,
-                 on_eval=None):
+                 on_eval=None, on_step=None):
         self.cfg, self.task, self.tok, self.policy = cfg, task, tokenizer, policy
-        self.on_eval = on_eval
+        self.on_eval, self.on_step = on_eval, on_step
+        self.estimator = TOKEN_ESTIMATORS.spec(cfg.advantage.name)
+        self.adv_params = self.estimator.build(cfg.advantage)
+        if "values" in self.estimator.needs and critic is None:
+            raise ValueError(f"advantage={cfg.advantage.name} needs critic values: pass critic=...")
         self.backend, self.tracker, self.critic = backend, tracker, critic
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
         t = cfg.train
@@ -69,7 +104,6 @@ class Trainer:
         if critic is not None:
             self.critic_opt = torch.optim.AdamW(critic.parameters(), lr=cfg.advantage.critic_lr,
                                                 betas=tuple(t.adam_betas))
-        self.adv_params = {k: v for k, v in cfg.advantage.items() if k in self._estimator_keys()}
         self.adv_state: dict = {}
         self.step = 0
         self.data_pos = 0
@@ -77,21 +111,8 @@ class Trainer:
         self.skipped = 0
         self.start_time = time.time()
         self.elapsed_before = 0.0
-        self.loss_settings = LossSettings(
-            epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high, dual_clip=cfg.dual_clip,
-            ratio_level=cfg.ratio_level, beta=cfg.beta, kl_form=cfg.kl.form,
-            kl_in_loss=cfg.kl.placement == "loss", entropy_coef=cfg.entropy_coef, loss_agg=cfg.loss_agg,
-            loss_agg_constant=cfg.loss_agg_constant or cfg.rollout.max_new_tokens,
-            temperature=cfg.rollout.temperature, chunk=t.logprob_chunk, share_prefix=t.share_prefix,
-        )
-
-    def _estimator_keys(self):
-        import inspect
-
-        from harness.algo import TOKEN_ESTIMATORS
-
-        sig = inspect.signature(TOKEN_ESTIMATORS.get(self.cfg.advantage.name))
-        return {n for n, p in sig.parameters.items() if p.kind == p.KEYWORD_ONLY}
+        self.health = HealthMonitor()
+        self._last: Optional[StepRecord] = None
 
     # ------------------------------------------------------------------- rollout
     def _sampling(self) -> SamplingParams:
@@ -168,26 +189,19 @@ class Trainer:
         values = batched_values(self.critic, *args, mb) if self.critic is not None else None
         t_logprob = time.perf_counter() - t0
 
-        # token-level rewards: outcome on the last valid token (+ reward-placed KL)
+        scores, token_rewards = shape_rewards(rew.rewards, cmask, old, ref, cfg)
         lengths = cmask.sum(1)
-        token_rewards = torch.zeros(cmask.shape, dtype=torch.float32)
-        last = (lengths - 1).clamp(min=0)
-        token_rewards[torch.arange(len(lengths)), last] = rew.rewards * (lengths > 0).float()
-        scores = rew.rewards.clone()
-        if ref is not None and cfg.kl.placement == "reward":
-            kl_tok = kl_penalty(old, ref, cfg.kl.form) * cmask
-            token_rewards = token_rewards - cfg.beta * kl_tok
-            scores = scores - cfg.beta * kl_tok.sum(1)
         steps = None
-        if cfg.advantage.name == "process":
+        if "step_rewards" in self.estimator.needs:
             steps = process_step_rewards(self.task, self.tok, batch.texts, batch.completion_ids, cmask, rew.rewards)
         ctx = AdvantageContext(scores=scores.view(-1, G), token_rewards=token_rewards, mask=cmask,
                                values=values, step_rewards=steps, state=self.adv_state)
-        adv = estimate_advantages(cfg.advantage.name, ctx, **self.adv_params)
+        adv = self.estimator.fn(ctx, self.adv_params)
 
         t0 = time.perf_counter()
         tb = TrainBatch(batch.prompt_ids, batch.prompt_mask, batch.completion_ids, loss_mask,
                         adv.advantages, old, ref, values, adv.returns)
+        lr = self.sched.get_last_lr()[0]  # the learning rate this step's update uses
         stats = self._update(tb)
         t_update = time.perf_counter() - t0
         self.step += 1
@@ -207,7 +221,7 @@ class Trainer:
             "train/completion_len_max": float(lengths.max()),
             "train/clipped_ratio": float(batch.truncated.float().mean()),
             "train/advantage_abs_mean": float((adv.advantages.abs() * cmask).sum() / max(n_tokens, 1)),
-            "train/lr": self.sched.get_last_lr()[0], "train/skipped_updates": float(self.skipped),
+            "train/lr": lr, "train/skipped_updates": float(self.skipped),
             "time/logprob_s": t_logprob, "time/old_logprob_s": t_old, "time/ref_logprob_s": t_ref,
             "time/value_s": t_logprob - t_old - t_ref, "time/update_s": t_update, "time/step_s": step_s,
             "time/elapsed_s": self.elapsed_before + time.time() - self.start_time,
@@ -217,6 +231,7 @@ class Trainer:
             "verifier/timeouts": rew.verifier.get("verifier/timeouts", 0.0),
             "verifier/errors": rew.verifier.get("verifier/errors", 0.0),
         }
+        self._last = StepRecord(self.step, batch, rew, ctx.scores, adv.advantages, adv.returns, loss_mask, metrics)
         return metrics
 
     def _update(self, tb: TrainBatch) -> dict:
@@ -232,7 +247,7 @@ class Trainer:
             if warmup:
                 continue
             self.opt.zero_grad(set_to_none=True)
-            s = policy_pass(self.policy, tb, self.loss_settings, mb)
+            s = policy_pass(self.policy, tb, cfg, mb)
             s["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.train.max_grad_norm))
             if not (math.isfinite(s["loss"]) and math.isfinite(s["grad_norm"])):
                 self._bad_step()
@@ -292,6 +307,11 @@ class Trainer:
                 m.update(self.run_eval(step))
             history[step] = m
             self.tracker.queue(m, step=step)
+            for warning in self.health.check(step, m):
+                log.warning("%s", warning.message)
+                self.tracker.set_tags({warning.tag: warning.message})
+            if self.on_step is not None:
+                self.on_step(self._last)
             log.info("step %d/%d reward %.3f acc %.3f %s(%.1fs)", step, cfg.train.steps,
                      m["train/reward_mean"], m["train/accuracy"],
                      f"eval_acc {m['eval/accuracy']:.3f} " if "eval/accuracy" in m else "", m["time/step_s"])

@@ -1,13 +1,14 @@
 """One optimisation pass over a rollout batch: micro-batches, per-token loss, aggregation.
 
-Per-token loss (DeepSeekMath eq. 3, written as a loss to minimise)::
+Per-token loss (DeepSeekMath eq. 3, written as a loss to minimise; :func:`token_objective`)::
 
     loss_t = -min(ratio_t * A_t, clip(ratio_t, 1 - eps, 1 + eps_high) * A_t)
              + beta * KL_t            (kl.placement == "loss")
              - entropy_coef * H_t
 
-aggregated with ``loss_agg`` over the *whole* batch's token/sequence counts, so gradient
-accumulation over micro-batches gives the same gradient as one big batch.
+aggregated with ``loss_agg`` over the *whole* batch's token/sequence counts (:func:`aggregate`),
+so gradient accumulation over micro-batches gives the same gradient as one big batch. Every
+setting is read from the run's config: there is no second copy of the loss settings.
 """
 
 from __future__ import annotations
@@ -122,51 +123,62 @@ def padding_waste(prompt_mask: torch.Tensor, completion_mask: torch.Tensor, size
     return 1.0 - real / max(slots, 1)
 
 
-@dataclass
-class LossSettings:
-    epsilon: float
-    epsilon_high: float | None
-    dual_clip: float | None
-    ratio_level: str
-    beta: float
-    kl_form: str
-    kl_in_loss: bool
-    entropy_coef: float
-    loss_agg: str
-    loss_agg_constant: float | None
-    temperature: float
-    chunk: int
-    share_prefix: bool = False  # one forward per distinct prompt (harness.logprobs.shared_prefix_hidden)
+def token_objective(logp, old, ref, advantages, mask, entropy, cfg):
+    """The per-token loss of one (micro-)batch, read from the run config.
+
+    Args:
+        logp: ``[B, T]`` current log-probs (requires grad); ``old``: ``[B, T]`` behaviour
+            log-probs (``logp.detach()`` on-policy); ``ref``: ``[B, T]`` reference log-probs or
+            None; ``advantages``: ``[B, T]``; ``mask``: ``[B, T]`` float loss mask;
+            ``entropy``: ``[B, T]`` per-token entropy (nats); ``cfg``: the run's Config.
+    Returns:
+        ``(per_token_loss [B, T], stats)``: the clipped surrogate
+        (:func:`harness.algo.policy_loss` with ``epsilon``, ``epsilon_high``, ``dual_clip``,
+        ``ratio_level``) ``+ beta * KL`` (``kl.form``, ``kl.clamp``; only when
+        ``kl.placement=loss``) ``- entropy_coef * H``; stats as ``policy_loss`` plus ``kl``.
+    """
+    per_token, stats = policy_loss(logp, old, advantages, mask, epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high,
+                                   dual_clip=cfg.dual_clip, ratio_level=cfg.ratio_level)
+    if ref is not None:
+        kl = kl_penalty(logp, ref, cfg.kl.form, clamp=cfg.kl.clamp)
+        if cfg.kl.placement == "loss":
+            per_token = per_token + cfg.beta * kl
+        stats["kl"] = masked_mean(kl.detach(), mask)
+    if cfg.entropy_coef:
+        per_token = per_token - cfg.entropy_coef * entropy
+    return per_token, stats
 
 
-def policy_pass(policy, batch: TrainBatch, s: LossSettings, micro_batch_size: int) -> dict:
+def aggregate(per_token, mask, cfg, norm: dict):
+    """``cfg.loss_agg`` applied with the whole batch's normalisers ``norm`` and the generation cap."""
+    return aggregate_loss(per_token, mask, cfg.loss_agg.name, cfg.loss_agg, max_len=cfg.rollout.max_new_tokens, **norm)
+
+
+def policy_pass(policy, batch: TrainBatch, cfg, micro_batch_size: int) -> dict:
     """Accumulate gradients of the policy loss over micro-batches (no optimizer step).
 
+    Args:
+        cfg: the run's Config: the loss is :func:`token_objective` + :func:`aggregate`;
+            ``rollout.temperature``, ``train.logprob_chunk`` and ``train.share_prefix`` set the
+            log-prob forward.
     Returns:
-        token-weighted means of the loss statistics over the batch (python floats).
+        token-weighted means of the loss statistics over the batch (python floats); ``loss`` is
+        the full-batch loss.
     """
     norm = aggregation_normalizers(batch.loss_mask)
     total_tokens = max(norm["num_tokens"], 1.0)
+    share = cfg.train.share_prefix
     sums: dict[str, float] = {}
-    for mb in micro_batches(batch, micro_batch_size, s.share_prefix):
+    for mb in micro_batches(batch, micro_batch_size, share):
         mask = mb.loss_mask.float()
         logp, entropy = token_logprobs(
             policy, mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.loss_mask,
-            temperature=s.temperature, chunk=s.chunk, with_entropy=True, share_prefix=s.share_prefix,
+            temperature=cfg.rollout.temperature, chunk=cfg.train.logprob_chunk, with_entropy=True,
+            share_prefix=share,
         )
         old = mb.old_logprobs if mb.old_logprobs is not None else logp.detach()
-        per_token, stats = policy_loss(
-            logp, old, mb.advantages, mask, epsilon=s.epsilon, epsilon_high=s.epsilon_high,
-            dual_clip=s.dual_clip, ratio_level=s.ratio_level,
-        )
-        if mb.ref_logprobs is not None:
-            kl = kl_penalty(logp, mb.ref_logprobs, s.kl_form)
-            if s.kl_in_loss:
-                per_token = per_token + s.beta * kl
-            stats["kl"] = masked_mean(kl.detach(), mask)
-        if s.entropy_coef:
-            per_token = per_token - s.entropy_coef * entropy
-        loss = aggregate_loss(per_token, mask, s.loss_agg, constant=s.loss_agg_constant, **norm)
+        per_token, stats = token_objective(logp, old, mb.ref_logprobs, mb.advantages, mask, entropy, cfg)
+        loss = aggregate(per_token, mask, cfg, norm)
         loss.backward()
         stats["entropy"] = masked_mean(entropy.detach(), mask)
         stats["loss"] = loss.detach() * 1.0  # summed over micro-batches = full-batch loss
@@ -186,7 +198,7 @@ def critic_pass(critic, batch: TrainBatch, clip_range: float, vf_coef: float, mi
         mask = mb.loss_mask.float()
         values = critic(mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.loss_mask)
         per_token, stats = value_loss(values, mb.old_values, mb.returns, mask, clip_range=clip_range)
-        loss = vf_coef * aggregate_loss(per_token, mask, "token-mean", **norm)
+        loss = vf_coef * aggregate_loss(per_token, mask, "token-mean", num_tokens=norm["num_tokens"])
         loss.backward()
         w = float(mask.sum()) / total
         sums["value_loss"] = sums.get("value_loss", 0.0) + float(loss.detach())

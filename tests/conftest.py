@@ -67,15 +67,17 @@ def run_dir(tmp_path, monkeypatch):
     return tmp_path
 
 
-def run_job(*overrides: str, on_eval=None):
-    """Compose and train; returns (final accuracy, MLflow run data, metric-history getter)."""
+def run_job(*overrides: str, on_eval=None, on_step=None):
+    """Compose and train; returns (final accuracy, MLflow run data, metric-history getter).
+
+    ``on_step`` receives each step's :class:`harness.trainer.StepRecord` (rewards, advantages)."""
     import mlflow
     from mlflow.tracking import MlflowClient
 
     from harness.run import train
 
     cfg = compose(*QUICK, *overrides)
-    acc = train(cfg, on_eval=on_eval)
+    acc = train(cfg, on_eval=on_eval, on_step=on_step)
     client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
     runs = mlflow.search_runs(experiment_names=[cfg.tracking.experiment], order_by=["start_time DESC"],
                               output_format="list")
@@ -85,3 +87,29 @@ def run_job(*overrides: str, on_eval=None):
         return [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, key)]
 
     return acc, run, history
+
+
+@pytest.fixture
+def dense_rewards(monkeypatch):
+    """Verdicts that depend on the completion text (dense 0/1) instead of the real verifier, and an
+    EOS direction in the tiny model's output layer so completions end at varied lengths: a random
+    model never answers correctly, so without these every advantage would be 0 (see
+    tests/knob_probe.py). Applied through the real train() path."""
+    import harness.run as run_mod
+    from harness.tasks.base import Task
+    from tests import knob_probe
+
+    monkeypatch.setattr(Task, "score", lambda self, c, g: knob_probe.hash_verdicts(c, g))
+    real = run_mod.build_policy
+
+    def build(cfg, tokenizer):
+        import torch
+
+        model = real(cfg, tokenizer)
+        head = model.get_output_embeddings().weight
+        d = torch.randn(head.shape[1], generator=torch.Generator().manual_seed(knob_probe.EOS_SEED))
+        with torch.no_grad():
+            head[tokenizer.eos_token_id] = (d / d.norm() * knob_probe.EOS_NORM).to(head.dtype)
+        return model
+
+    monkeypatch.setattr(run_mod, "build_policy", build)

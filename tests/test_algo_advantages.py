@@ -104,7 +104,9 @@ def test_group_size_one_raises(name):
 
 def test_reinforce_baselines():
     r = torch.tensor([[1.0, 0.0], [1.0, 1.0]])
-    assert torch.equal(compute_advantages(r, "reinforce"), r)
+    assert torch.equal(compute_advantages(r, "reinforce", baseline="none"), r)
+    # the default is the batch-mean baseline (one declaration: ReinforceParams)
+    assert close(compute_advantages(r, "reinforce"), [[0.25, -0.75], [0.25, 0.25]])
     assert close(compute_advantages(r, "reinforce", baseline="batch_mean"),
                  [[0.25, -0.75], [0.25, 0.25]])
     # works with G = 1
@@ -140,7 +142,7 @@ def test_unknown_estimator_and_param_raise():
         compute_advantages(ONE_HOT, "gpro")
     for name in ("grpo", "mean_only", "rloo", "reinforce"):
         assert name in str(e.value)
-    with pytest.raises(ValueError, match="epsilon"):
+    with pytest.raises(ValueError, match="epsilon.*accepted: \\['eps', 'scale', 'unbiased'\\]"):
         compute_advantages(ONE_HOT, "grpo", epsilon=0.1)
     with pytest.raises(ValueError, match="scale"):
         compute_advantages(ONE_HOT, "grpo", scale="global")
@@ -159,6 +161,32 @@ def test_requires_groups():
     with pytest.raises(ValueError, match="grpo"):
         requires_groups("nope")
     assert set(OUTCOME_ESTIMATORS.names()) <= set(TOKEN_ESTIMATORS.names())
+
+
+def test_grpo_eps_enters_the_advantage():
+    """eps is added to the std: with rewards [1, 0, 0, 0] the unbiased std is 0.5."""
+    for eps in (1e-4, 1e-9, 0.25):
+        assert close(compute_advantages(ONE_HOT, "grpo", eps=eps),
+                     [[0.75 / (0.5 + eps), -0.25 / (0.5 + eps), -0.25 / (0.5 + eps), -0.25 / (0.5 + eps)]])
+
+
+def test_rloo_loo_std_scaling_by_hand():
+    """NeMo-RL leave-one-out baseline with normalize_rewards: each sample divided by the
+    population std of the *other* members, left unscaled where that std is 0."""
+    r = torch.tensor([[1.0, 0.0, 0.0, 2.0]])
+    # i=0: others [0,0,2] mean 2/3, E[x^2] 4/3, std sqrt(4/3-4/9)=sqrt(8/9); A = (1-2/3)/sqrt(8/9)
+    # i=1: others [1,0,2] mean 1, std sqrt(5/3-1)=sqrt(2/3); A = -1/sqrt(2/3); i=2 same
+    # i=3: others [1,0,0] mean 1/3, std sqrt(1/3-1/9)=sqrt(2/9); A = (2-1/3)/sqrt(2/9)
+    want = [(1 / 3) / math.sqrt(8 / 9), -1 / math.sqrt(2 / 3), -1 / math.sqrt(2 / 3), (5 / 3) / math.sqrt(2 / 9)]
+    assert close(compute_advantages(r, "rloo", scale="loo_std"), [want])
+    assert close(compute_advantages(r, "rloo"), [[1 - 2 / 3, -1.0, -1.0, 2 - 1 / 3]])  # scale=none
+    # others all equal -> std 0: bounded, A = r - b (NeMo-RL's zero_std_mask), never r / 1e-6
+    one = torch.tensor([[1.0, 0.0, 0.0, 0.0]])
+    out = compute_advantages(one, "rloo", scale="loo_std")
+    assert out[0, 0] == pytest.approx(1.0)  # others [0,0,0]: std 0, unscaled 1 - 0
+    assert out[0, 1] == pytest.approx(-(1 / 3) / math.sqrt(1 / 3 - 1 / 9))
+    with pytest.raises(ValueError, match="advantage.scale"):
+        compute_advantages(one, "rloo", scale="std")
 
 
 # ----------------------------------------------------------------- token broadcast
@@ -192,7 +220,7 @@ def test_token_reinforce_ema_uses_ctx_state():
     out = estimate_advantages("reinforce", ctx, baseline="ema")
     assert close(out.advantages, [[0.5, 0.5], [-0.5, 0.0]])
     assert ctx.state["ema"] == pytest.approx(0.5)
-    with pytest.raises(ValueError, match="state"):
+    with pytest.raises(ValueError, match="state"):  # state is not a parameter: it comes from ctx
         estimate_advantages("reinforce", ctx, baseline="ema", state={})
 
 
@@ -245,14 +273,42 @@ def test_explained_variance():
 
 
 def test_registry():
+    from dataclasses import dataclass
+
     reg = Registry("widget")
 
-    @reg.register("a")
-    def a():
-        return 1
+    @dataclass
+    class AParams:
+        name: str = "a"
+        k: float = 2.0
+
+    @reg.register("a", params=AParams, needs=("values",))
+    def a(p):
+        return p.k
 
     assert reg.get("a") is a and reg.names() == ["a"] and "a" in reg
+    spec = reg.spec("a")
+    assert spec.needs == {"values"} and spec.param_names() == ["k"]
+    assert spec.build().k == 2.0 and spec.build({"name": "a", "k": 3}).k == 3 and spec.build(k=5).k == 5
+    with pytest.raises(ValueError, match=r"unknown parameter\(s\) \['kk'\] for 'a'; accepted: \['k'\]"):
+        spec.build({"kk": 1})  # a typo is an error, never filtered away
+    with pytest.raises(ValueError, match="named 'b'"):
+        spec.build({"name": "b"})
     with pytest.raises(ValueError, match="already"):
         reg.register("a")(a)
     with pytest.raises(ValueError, match="valid names: a"):
         reg.get("b")
+    with pytest.raises(ValueError, match="registered as widget 'c'"):
+        reg.register("c", params=AParams)
+
+
+def test_every_estimator_declares_its_params_once():
+    """The registered params dataclass is the estimator's schema; the functions have no defaults."""
+    import inspect
+
+    for name in TOKEN_ESTIMATORS.names():
+        spec = TOKEN_ESTIMATORS.spec(name)
+        assert spec.params is not None, name
+        sig = inspect.signature(spec.fn)
+        assert list(sig.parameters) == ["ctx", "p"], (name, list(sig.parameters))
+        assert all(p.default is inspect.Parameter.empty for p in sig.parameters.values()), name

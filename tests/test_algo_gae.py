@@ -89,6 +89,22 @@ def test_reinforce_pp_estimator_hand():
     assert close(w[:3], [-0.116997, 0.175495, 1.540457])  # mean .21, std .512835
 
 
+def test_population_variance_whitening_by_hand():
+    """unbiased=False whitens with the population variance (OpenRLHF masked_normalize)."""
+    ctx = AdvantageContext(scores=torch.tensor([[0.8, -0.4]]), token_rewards=TOKEN_REWARDS, mask=MASK)
+    x = [0.15, 0.3, 1.0, -0.4, 0.0]  # gamma 0.5 returns, as above; mean .21
+    var_pop = sum((v - 0.21) ** 2 for v in x) / 5  # 0.2104 (the unbiased one is 0.263)
+    want = [(v - 0.21) / math.sqrt(var_pop + 1e-8) for v in x]
+    for name in ("reinforce_pp", "ppo"):
+        kw = {"gamma": 0.5} if name == "reinforce_pp" else {"gamma": 0.5, "lam": 1.0}
+        c = ctx if name == "reinforce_pp" else AdvantageContext(ctx.scores, TOKEN_REWARDS, MASK,
+                                                                values=torch.zeros_like(TOKEN_REWARDS))
+        pop = estimate_advantages(name, c, unbiased=False, **kw).advantages
+        assert close(pop, [[want[0], want[1], want[2]], [want[3], want[4], 0.0]]), name
+        unb = estimate_advantages(name, c, **kw).advantages
+        assert close(unb[0, :1], [want[0] * math.sqrt(4 / 5)]), name  # ratio sqrt((n-1)/n)
+
+
 def test_reinforce_pp_baseline_hand():
     ctx = AdvantageContext(scores=torch.tensor([[0.8, -0.4]]), token_rewards=TOKEN_REWARDS,
                            mask=MASK)

@@ -172,9 +172,28 @@ def test_aggregation_values():
     assert float(aggregate_loss(X, M, "seq-mean-token-sum-norm", constant=10)) == pytest.approx(1.0)
 
 
+def test_aggregation_conventions_by_hand():
+    """The peer conventions: verl drops 1/N_seq in seq-mean-token-sum-norm; TRL's grpo and
+    dr_grpo divide by all B rows (fully masked ones too)."""
+    X3 = torch.cat([X, torch.full((1, 10), 7.0)])
+    M3 = torch.cat([M, torch.zeros(1, 10)])  # a third, fully masked row
+    assert float(aggregate_loss(X3, M3, "seq-mean-token-mean")) == pytest.approx(12 / 2)
+    assert float(aggregate_loss(X3, M3, "seq-mean-token-mean", count_masked_rows=True)) == pytest.approx(12 / 3)
+    assert float(aggregate_loss(X3, M3, "seq-mean-token-sum", count_masked_rows=True)) == pytest.approx(20 / 3)
+    norm = "seq-mean-token-sum-norm"
+    assert float(aggregate_loss(X3, M3, norm, constant=10)) == pytest.approx(20 / 10 / 2)
+    assert float(aggregate_loss(X3, M3, norm, constant=10, divide_by_seqs=False)) == pytest.approx(20 / 10)
+    assert float(aggregate_loss(X3, M3, norm, constant=10, count_masked_rows=True)) == pytest.approx(20 / 10 / 3)
+    # constant=None falls back to the generation cap max_len
+    assert float(aggregate_loss(X3, M3, norm, max_len=4)) == pytest.approx(20 / 4 / 2)
+    assert float(aggregate_loss(X3, M3, "token-mean")) == pytest.approx(20 / 6)
+
+
 def test_aggregation_errors():
     with pytest.raises(ValueError, match="constant"):
         aggregate_loss(X, M, "seq-mean-token-sum-norm")
+    with pytest.raises(ValueError, match="accepted: none"):
+        aggregate_loss(X, M, "token-mean", constant=10)  # token-mean has no constant
     with pytest.raises(ValueError) as e:
         aggregate_loss(X, M, "mean")
     for name in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
@@ -196,7 +215,7 @@ def test_microbatch_gradients_match_full_batch(mode):
     base = torch.randn(B, T, generator=g, dtype=torch.float64)
     lengths = torch.tensor([10, 3, 7, 1, 0, 5, 9, 2])  # unequal lengths, one empty row
     mask = (torch.arange(T).unsqueeze(0) < lengths.unsqueeze(1)).double()
-    kw = {"constant": 10.0}
+    kw = {"constant": 10.0} if mode == "seq-mean-token-sum-norm" else {}
 
     full = base.clone().requires_grad_()
     full_val = aggregate_loss(full.square(), mask, mode, **kw)
@@ -204,7 +223,7 @@ def test_microbatch_gradients_match_full_batch(mode):
 
     acc = base.clone().requires_grad_()
     norms = aggregation_normalizers(mask)
-    assert norms == {"num_tokens": 37, "num_seqs": 7}
+    assert norms == {"num_tokens": 37, "num_seqs": 7, "num_rows": 8}
     total = 0.0
     for rows in torch.arange(B).chunk(4):
         part = aggregate_loss(acc[rows].square(), mask[rows], mode, **kw, **norms)

@@ -26,16 +26,36 @@ def test_group_size_one_with_group_estimator_is_a_startup_error():
 
 @pytest.mark.parametrize("override,needle", [
     ("kl.form=k9", "kl.form='k9' is not valid; expected one of"),
-    ("loss_agg=mean", "loss_agg='mean' is not valid"),
     ("kl.placement=advantage", "kl.placement="),
+    ("kl.clamp=0", "kl.clamp=0"),
+    ("advantage.scale=global", "advantage.scale must be one of"),
+    ("advantage=reinforce advantage.baseline=median", "advantage.baseline must be one of"),
+    ("rollout.top_p=0.9", "rollout.top_p=0.9: expected 1.0"),
     ("ratio_level=word", "ratio_level="),
     ("rollout.temperature=0", "rollout.temperature=0"),
     ("epsilon=-1", "epsilon=-1"),
 ])
 def test_invalid_values_name_the_key(override, needle):
     with pytest.raises(ConfigError) as e:
-        validate(compose(*QUICK, override))
+        validate(compose(*QUICK, *override.split()))
     assert needle in str(e.value)
+
+
+def test_unknown_loss_aggregation_lists_the_options():
+    from hydra.errors import MissingConfigException
+
+    with pytest.raises(MissingConfigException) as e:
+        compose(*QUICK, "loss_agg=mean")
+    assert "loss_agg/mean" in str(e.value) and "seq-mean-token-sum-norm" in str(e.value)
+
+
+def test_a_key_of_another_variant_is_refused_at_composition():
+    """A parameter the chosen estimator does not declare fails at startup, naming the key."""
+    from hydra.errors import ConfigCompositionException
+
+    with pytest.raises(ConfigCompositionException) as e:
+        compose(*QUICK, "advantage=rloo", "advantage.unbiased=false")
+    assert "unbiased" in str(e.value.__cause__ or e.value)
 
 
 def test_unknown_estimator_lists_valid_names_without_traceback():

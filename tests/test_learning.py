@@ -9,8 +9,8 @@ from harness.algo import compute_advantages
 from harness.logprobs import token_logprobs
 from harness.rollout import SamplingParams
 from harness.rollout.hf import HFRollout
-from harness.update import LossSettings, TrainBatch, policy_pass
-from tests.conftest import tiny_llama
+from harness.update import TrainBatch, policy_pass
+from tests.conftest import compose, tiny_llama
 
 
 @pytest.mark.parametrize("estimator,agg", [("grpo", "token-mean"), ("rloo", "seq-mean-token-mean"),
@@ -21,7 +21,8 @@ def test_update_raises_logprob_of_high_advantage_completions(tokenizer, estimato
     b = HFRollout(model, tokenizer, progress=False).generate(["Write something"] * 4, 8, SamplingParams(1.0, 1.0, 8))
     reward = torch.tensor([t.count("e") / max(len(t), 1) for t in b.texts])  # any dense reward
     adv = compute_advantages(reward.view(4, 8), estimator).view(-1, 1) * b.completion_mask
-    s = LossSettings(0.2, None, None, "token", 0.0, "k3", True, 0.0, agg, 8.0, 1.0, 64)
+    s = compose("epsilon=0.2", "beta=0.0", f"loss_agg={agg}", "rollout.max_new_tokens=8", "rollout.temperature=1.0",
+                "train.share_prefix=false")
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     args = (b.prompt_ids, b.prompt_mask, b.completion_ids, b.completion_mask)
     with torch.no_grad():

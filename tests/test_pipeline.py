@@ -4,6 +4,7 @@ runs 2 steps, logs to MLflow, and the on-policy ratio is exactly 1."""
 import math
 
 import pytest
+import torch
 
 from tests.conftest import run_job
 
@@ -44,29 +45,141 @@ def test_two_steps_log_params_metrics_tags_and_artifacts(run_dir):
     assert "config" in files and "samples" in files
 
 
+def _group_z(r, valid, eps, G):
+    """Hand GRPO: (r - mean) / (std + eps) over each group's valid rows, std Bessel-corrected."""
+    out = []
+    for p in range(len(r) // G):
+        idx = [i for i in range(p * G, (p + 1) * G) if valid[i]]
+        vals = [r[i] for i in idx]
+        mean = sum(vals) / len(vals)
+        std = math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1))
+        degenerate = len(set(vals)) < 2
+        out += [0.0 if (i not in idx or degenerate) else (r[i] - mean) / (std + eps) for i in range(p * G, (p + 1) * G)]
+    return out
+
+
+def _whiten(xs):
+    mean = sum(xs) / len(xs)
+    var = sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)
+    return [(x - mean) / math.sqrt(var + 1e-8) for x in xs]
+
+
+def _hand_advantages(estimator, rec, G):
+    """Per-row (outcome estimators) or per-valid-token advantages, written out by hand."""
+    r, L = rec.scores.reshape(-1).tolist(), rec.batch.completion_mask.sum(1).tolist()
+    valid = [n > 0 for n in L]
+    if estimator == "grpo":
+        return _group_z(r, valid, 1e-6, G)
+    if estimator in ("mean_only", "rloo"):
+        out = []
+        for i in range(len(r)):
+            grp = [j for j in range(i // G * G, i // G * G + G) if valid[j]]
+            vals = [r[j] for j in grp]
+            if not valid[i] or len(set(vals)) < 2:
+                out.append(0.0)
+            elif estimator == "mean_only":
+                out.append(r[i] - sum(vals) / len(vals))
+            else:
+                out.append(r[i] - (sum(vals) - r[i]) / (len(vals) - 1))
+        return out
+    if estimator == "reinforce":  # default baseline: the batch mean
+        mean = sum(x for x, v in zip(r, valid) if v) / sum(valid)
+        return [x - mean if v else 0.0 for x, v in zip(r, valid)]
+    if estimator in ("reinforce_pp", "reinforce_pp_baseline"):  # gamma 1: every token's return is the row's
+        base = [0.0] * len(r)
+        if estimator == "reinforce_pp_baseline":
+            for i in range(len(r)):
+                grp = [r[j] for j in range(i // G * G, i // G * G + G) if valid[j]]
+                base[i] = sum(grp) / len(grp)
+        toks = [r[i] - base[i] for i in range(len(r)) for _ in range(int(L[i]))]
+        return _whiten(toks)
+    raise KeyError(estimator)
+
+
+def _valid_tokens(adv, mask):
+    return [float(adv[b, t]) for b in range(adv.shape[0]) for t in range(adv.shape[1]) if mask[b, t]]
+
+
 @pytest.mark.parametrize("estimator", ["grpo", "mean_only", "rloo", "reinforce", "reinforce_pp",
                                        "reinforce_pp_baseline", "ppo", "process"])
-def test_every_estimator_runs(run_dir, estimator):
-    _, run, history = run_job(f"advantage={estimator}")
-    assert run.data.tags["estimator"] == estimator
-    assert math.isfinite(run.data.metrics["train/loss"])
-    if estimator == "ppo":
-        assert "train/value_loss" in run.data.metrics and "train/vf_clip_frac" in run.data.metrics
+def test_every_estimator_runs_and_computes_its_advantages(run_dir, dense_rewards, estimator):
+    """Through train(): the advantages the step used equal the estimator's formula applied by hand
+    to the step's rewards, and the logged train/advantage_abs_mean is their mean magnitude."""
+    records = []
+    _, run, history = run_job(f"advantage={estimator}", on_step=records.append)
+    assert run.data.tags["estimator"] == estimator and len(records) == 2
+    G = 4
+    for rec in records:
+        mask = rec.batch.completion_mask
+        adv = rec.advantages
+        logged = dict(history("train/advantage_abs_mean"))[rec.step]
+        n = float(mask.sum())
+        assert logged == pytest.approx(float((adv.abs() * mask).sum()) / n, rel=1e-6)
+        assert float(rec.rewards.rewards.std()) > 0  # the fixture gives a signal
+        if estimator in ("grpo", "mean_only", "rloo", "reinforce"):
+            want = _hand_advantages(estimator, rec, G)
+            assert adv[:, 0].tolist() == pytest.approx(want, rel=1e-5, abs=1e-6)
+            assert torch.equal(adv, adv[:, :1].expand_as(adv) * mask)  # one value per row, on valid tokens
+        elif estimator in ("reinforce_pp", "reinforce_pp_baseline"):
+            assert _valid_tokens(adv, mask) == pytest.approx(_hand_advantages(estimator, rec, G), rel=1e-4, abs=1e-5)
+        elif estimator == "ppo":  # whitened GAE over the batch's valid tokens, value targets returned
+            toks = torch.tensor(_valid_tokens(adv, mask))
+            assert abs(float(toks.mean())) < 1e-5 and float(toks.std()) == pytest.approx(1.0, rel=1e-3)
+            assert rec.returns is not None and "train/value_loss" in run.data.metrics
+        else:  # process: one step per row (random text has no "a op b = c" steps): the outcome z-scored
+            want = _group_z(rec.rewards.rewards.tolist(), [True] * len(rec.scores.reshape(-1)), 1e-6, G)
+            assert adv[:, 0].tolist() == pytest.approx(want, rel=1e-5, abs=1e-6)
 
 
 @pytest.mark.parametrize("form", ["k1", "k2", "k3"])
 @pytest.mark.parametrize("placement", ["loss", "reward"])
-def test_every_kl_form_and_placement(run_dir, form, placement):
-    _, run, _ = run_job(f"kl.form={form}", f"kl.placement={placement}", "beta=0.1", "kl.ref_refresh_steps=1")
-    assert math.isfinite(run.data.metrics["train/loss"])
+def test_every_kl_form_and_placement(run_dir, dense_rewards, form, placement):
+    """Reward placement subtracts beta * KL from the scores the estimator sees; loss placement
+    leaves them equal to the rewards and puts the KL in the loss."""
+    records = []
+    _, run, history = run_job(f"kl.form={form}", f"kl.placement={placement}", "beta=0.1", "train.lr=1e-2",
+                              on_step=records.append)
     assert run.data.params["kl.placement"] == placement
+    step1, step2 = records  # step 1: policy == reference, so the KL is exactly 0
+    assert torch.equal(step1.scores.reshape(-1), step1.rewards.rewards)
+    moved = not torch.allclose(step2.scores.reshape(-1), step2.rewards.rewards)
+    assert moved == (placement == "reward")
+    kl = dict(history("train/kl"))
+    assert kl[1] == pytest.approx(0.0, abs=1e-7) and abs(kl[2]) > 1e-6
+    if form != "k1":
+        assert kl[2] > 0
+
+
+def _hand_loss(mode, adv, mask, max_new):
+    """Step-1 loss on-policy (ratio 1, KL 0, no entropy term): per-token loss -A, aggregated by hand."""
+    L = mask.sum(1).tolist()
+    rows = [-(adv[b] * mask[b]).sum().item() for b in range(len(L))]
+    nonempty = sum(1 for n in L if n > 0)
+    if mode == "token-mean":
+        return sum(rows) / sum(L)
+    if mode == "seq-mean-token-mean":
+        return sum(r / n for r, n in zip(rows, L) if n > 0) / nonempty
+    if mode == "seq-mean-token-sum":
+        return sum(rows) / nonempty
+    return sum(rows) / max_new / nonempty  # seq-mean-token-sum-norm, C = max_new_tokens
 
 
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
                                  "seq-mean-token-sum-norm"])
-def test_every_loss_aggregation(run_dir, agg):
-    _, run, _ = run_job(f"loss_agg={agg}", "train.micro_batch_size=3")
-    assert math.isfinite(run.data.metrics["train/loss"])
+def test_every_loss_aggregation(run_dir, dense_rewards, agg):
+    """The logged step-1 loss is the mode's formula over the step's advantages and lengths
+    (micro-batches of 3 rows: the normalisers are the whole batch's)."""
+    records = []
+    _, run, history = run_job(f"loss_agg={agg}", "train.micro_batch_size=3", "advantage=reinforce",
+                              "advantage.baseline=none", on_step=records.append)
+    rec = records[0]
+    lengths = rec.loss_mask.sum(1)
+    assert lengths.unique().numel() > 1  # unequal lengths: the modes differ on this batch
+    want = _hand_loss(agg, rec.advantages, rec.loss_mask, 12)
+    assert dict(history("train/loss"))[1] == pytest.approx(want, rel=1e-5)
+    others = {m: _hand_loss(m, rec.advantages, rec.loss_mask, 12) for m in
+              ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm") if m != agg}
+    assert all(abs(v - want) > 1e-4 * abs(want) for v in others.values())
 
 
 @pytest.mark.parametrize("extra", [
@@ -89,13 +202,41 @@ def test_mu1_is_on_policy_end_to_end(run_dir):
     assert run.info.status == "FINISHED"
 
 
+RECIPE_EPS = {"trl_grpo": 1e-4, "openrlhf_group_norm": 1e-9, "verl_grpo": 1e-6, "dapo": 1e-6, "cs336_grpo": 1e-6}
+
+
 @pytest.mark.parametrize("recipe", ["trl_grpo", "dr_grpo", "dapo", "verl_grpo", "openrlhf_group_norm",
                                     "cs336_grpo"])
-def test_every_recipe_runs(run_dir, recipe):
+def test_every_recipe_runs_with_its_advantages(run_dir, dense_rewards, recipe):
+    """Each recipe's run uses its convention's advantages: its eps in the std (TRL 1e-4, OpenRLHF
+    1e-9, verl 1e-6) or no std at all (Dr. GRPO), computed by hand from the step's rewards."""
     # recipes set group_size; keep the tiny job small by overriding it back
     extra = ["overlong.buffer=4"] if recipe == "dapo" else []  # dapo's buffer (26) exceeds the tiny job's 12 tokens
-    _, run, _ = run_job(f"recipe={recipe}", "group_size=4", *extra)
+    records = []
+    _, run, _ = run_job(f"recipe={recipe}", "group_size=4", *extra, on_step=records.append)
     assert run.info.status == "FINISHED" and math.isfinite(run.data.metrics["train/loss"])
+    for rec in records:
+        r, valid = rec.scores.reshape(-1).tolist(), (rec.batch.completion_mask.sum(1) > 0).tolist()
+        if recipe == "dr_grpo":
+            want = _hand_advantages("mean_only", rec, 4)
+        else:
+            want = _group_z(r, valid, RECIPE_EPS[recipe], 4)
+            if recipe in ("trl_grpo", "openrlhf_group_norm"):  # the default eps would be visible
+                other = _group_z(r, valid, 1e-6, 4)
+                assert any(abs(a - b) > 4e-7 * abs(b) for a, b in zip(want, other) if b)
+        got = rec.advantages[:, 0].tolist()
+        assert got == pytest.approx(want, rel=4e-7, abs=1e-7)
+
+
+def test_reinforce_uses_its_configured_baseline(run_dir, dense_rewards):
+    """advantage=reinforce: the default baseline is the batch mean; baseline=none gives A = r."""
+    for baseline, shift in (("batch_mean", True), ("none", False)):
+        records = []
+        run_job("advantage=reinforce", f"advantage.baseline={baseline}", "train.steps=1", on_step=records.append)
+        rec = records[0]
+        r = rec.rewards.rewards
+        want = r - r.mean() if shift else r
+        torch.testing.assert_close(rec.advantages[:, 0], want)
 
 
 def test_multirun_grid_gives_one_mlflow_run_per_job(run_dir):

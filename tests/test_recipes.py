@@ -34,7 +34,6 @@ _COMMON = {
     "ratio_level": "token",
     "mu": 1,
     "entropy_coef": 0.0,
-    "loss_agg_constant": None,
     "kl.form": "k3",
     "kl.placement": "loss",
     "rollout.temperature": 1.0,
@@ -47,7 +46,7 @@ EXPECTED = {
         "advantage.name": "grpo", "advantage.scale": "group", "advantage.eps": 1e-4,
         "advantage.unbiased": True,
         "group_size": 8, "epsilon": 0.2, "epsilon_high": None, "dual_clip": None, "beta": 0.0,
-        "loss_agg": "token-mean", "overlong.mask_truncated": False, "overlong.buffer": 0,
+        "loss_agg.name": "token-mean", "overlong.mask_truncated": False, "overlong.buffer": 0,
         "train.dynamic_sampling": False, "train.lr": 1e-6, "train.lr_schedule": "linear",
         "train.adam_betas": [0.9, 0.999], "train.weight_decay": 0.0, "train.max_grad_norm": 1.0,
     },
@@ -55,14 +54,15 @@ EXPECTED = {
         **_COMMON,
         "advantage.name": "mean_only",
         "group_size": 8, "epsilon": 0.2, "epsilon_high": None, "dual_clip": None, "beta": 0.0,
-        "loss_agg": "seq-mean-token-sum-norm", "overlong.mask_truncated": False, "overlong.buffer": 0,
+        "loss_agg.name": "seq-mean-token-sum-norm", "loss_agg.constant": None, "loss_agg.divide_by_seqs": True,
+        "overlong.mask_truncated": False, "overlong.buffer": 0,
         "train.dynamic_sampling": False, "train.lr": 1e-6, "train.lr_schedule": "constant",
     },
     "dapo": {
         **_COMMON,
         "advantage.name": "grpo", "advantage.scale": "group",
         "group_size": 16, "epsilon": 0.2, "epsilon_high": 0.28, "dual_clip": None, "beta": 0.0,
-        "loss_agg": "token-mean", "overlong.mask_truncated": False, "overlong.buffer": 26,
+        "loss_agg.name": "token-mean", "overlong.mask_truncated": False, "overlong.buffer": 26,
         "overlong.penalty": 1.0, "train.dynamic_sampling": True, "train.lr": 1e-6,
         "train.lr_schedule": "constant",
     },
@@ -70,8 +70,8 @@ EXPECTED = {
         **_COMMON,
         "advantage.name": "grpo", "advantage.scale": "group", "advantage.eps": 1e-6,
         "advantage.unbiased": True,
-        "group_size": 5, "epsilon": 0.2, "epsilon_high": None, "dual_clip": 3.0, "beta": 0.001,
-        "loss_agg": "token-mean", "overlong.mask_truncated": False, "overlong.buffer": 0,
+        "group_size": 5, "epsilon": 0.2, "epsilon_high": None, "dual_clip": 3.0, "beta": 0.001, "kl.clamp": 10.0,
+        "loss_agg.name": "token-mean", "overlong.mask_truncated": False, "overlong.buffer": 0,
         "train.dynamic_sampling": False, "train.lr": 1e-6, "train.lr_schedule": "constant",
         "train.weight_decay": 0.01,
     },
@@ -79,8 +79,8 @@ EXPECTED = {
         **_COMMON,
         "advantage.name": "grpo", "advantage.scale": "group", "advantage.eps": 1e-9,
         "advantage.unbiased": True,
-        "group_size": 8, "epsilon": 0.2, "epsilon_high": None, "dual_clip": None, "beta": 0.001,
-        "loss_agg": "token-mean", "overlong.mask_truncated": False, "overlong.buffer": 0,
+        "group_size": 8, "epsilon": 0.2, "epsilon_high": None, "dual_clip": None, "beta": 0.001, "kl.clamp": 10.0,
+        "loss_agg.name": "token-mean", "overlong.mask_truncated": False, "overlong.buffer": 0,
         "train.dynamic_sampling": False, "train.lr": 1e-6, "train.lr_schedule": "cosine",
         "train.adam_betas": [0.9, 0.95], "train.weight_decay": 0.0, "train.max_grad_norm": 1.0,
     },
@@ -88,7 +88,7 @@ EXPECTED = {
         **_COMMON,
         "advantage.name": "grpo", "advantage.scale": "group", "advantage.eps": 1e-6,
         "group_size": 8, "epsilon": 0.2, "epsilon_high": None, "dual_clip": None, "beta": 0.0,
-        "loss_agg": "seq-mean-token-mean", "overlong.mask_truncated": False, "overlong.buffer": 0,
+        "loss_agg.name": "seq-mean-token-mean", "overlong.mask_truncated": False, "overlong.buffer": 0,
         "train.dynamic_sampling": False, "train.lr": 1e-5, "train.lr_schedule": "constant",
         "train.adam_betas": [0.9, 0.95], "train.weight_decay": 0.0, "train.max_grad_norm": 1.0,
     },
@@ -147,12 +147,12 @@ def test_command_line_wins_over_recipe():
 def test_command_line_advantage_group_wins_over_recipe_override():
     cfg = _compose("recipe=dr_grpo", "advantage=grpo")
     assert cfg.advantage.name == "grpo"
-    assert cfg.loss_agg == "seq-mean-token-sum-norm"
+    assert cfg.loss_agg.name == "seq-mean-token-sum-norm"
 
 
 def test_recipe_with_advantage_params_pins_the_estimator():
-    # trl_grpo sets advantage.eps, which RLOO's schema does not have: documented limitation.
-    with pytest.raises(ConfigCompositionException, match="eps"):
+    # trl_grpo sets advantage.unbiased, which RLOO's schema does not have: documented limitation.
+    with pytest.raises(ConfigCompositionException, match="unbiased"):
         _compose("recipe=trl_grpo", "advantage=rloo")
     cfg = _compose("recipe=trl_grpo", "advantage.eps=0.01")
     assert cfg.advantage.eps == pytest.approx(0.01)

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from harness.logprobs import ValueModel, prompt_groups, token_logprobs
-from harness.update import LossSettings, TrainBatch, batched_logprobs, length_order, padding_waste, policy_pass
-from tests.conftest import tiny_llama
+from harness.update import TrainBatch, batched_logprobs, length_order, padding_waste, policy_pass
+from tests.conftest import compose, tiny_llama
 
 
 def _grouped(tokenizer, U=3, G=4, Tp=9, Tc=6, seed=1):
@@ -65,8 +65,8 @@ def test_policy_pass_gradient_same_with_and_without_sharing(tokenizer):
     grads = []
     for share in (False, True):
         model = tiny_llama(tokenizer)
-        s = LossSettings(0.2, None, None, "token", 0.0, "k3", True, 0.01, "seq-mean-token-mean", None, 0.7, 4,
-                         share_prefix=share)
+        s = compose("epsilon=0.2", "beta=0.0", "entropy_coef=0.01", "loss_agg=seq-mean-token-mean",
+                    "rollout.temperature=0.7", "train.logprob_chunk=4", f"train.share_prefix={share}")
         stats = policy_pass(model, TrainBatch(p_ids, p_mask, c_ids, c_mask, adv), s, micro_batch_size=4)
         grads.append(_grads(model))
         assert abs(stats["ratio_mean"] - 1.0) < 1e-6  # on-policy

@@ -2,8 +2,8 @@
 
 import torch
 
-from harness.update import LossSettings, TrainBatch, batched_logprobs, policy_pass
-from tests.conftest import tiny_llama
+from harness.update import TrainBatch, batched_logprobs, policy_pass
+from tests.conftest import compose, tiny_llama
 
 
 def _batch(tokenizer, B=6, Tp=5, Tc=7, seed=0):
@@ -20,11 +20,10 @@ def _batch(tokenizer, B=6, Tp=5, Tc=7, seed=0):
     return TrainBatch(prompt_ids, prompt_mask, completion_ids, mask, adv)
 
 
-def _settings(**kw):
-    base = dict(epsilon=0.05, epsilon_high=None, dual_clip=None, ratio_level="token", beta=0.0, kl_form="k3",
-                kl_in_loss=True, entropy_coef=0.0, loss_agg="token-mean", loss_agg_constant=7.0,
-                temperature=1.0, chunk=4)
-    return LossSettings(**{**base, **kw})
+def _settings(*overrides):
+    """The run config the loss reads (there is no separate loss-settings object)."""
+    return compose("epsilon=0.05", "beta=0.0", "train.logprob_chunk=4", "train.share_prefix=false",
+                   "rollout.temperature=1.0", *overrides)
 
 
 def test_mu1_ratio_exactly_one_and_mu2_clips(tokenizer):
@@ -53,7 +52,7 @@ def test_gradient_invariant_to_micro_batch_size(tokenizer):
     for mbs in (6, 2, 1):
         for agg in ("token-mean", "seq-mean-token-mean"):
             model = tiny_llama(tokenizer)
-            policy_pass(model, _batch(tokenizer), _settings(loss_agg=agg), micro_batch_size=mbs)
+            policy_pass(model, _batch(tokenizer), _settings(f"loss_agg={agg}"), micro_batch_size=mbs)
             grads.append((agg, model.model.layers[0].mlp.up_proj.weight.grad.clone()))
     for agg in ("token-mean", "seq-mean-token-mean"):
         g = [x for a, x in grads if a == agg]

@@ -114,9 +114,13 @@ INJECTIONS = [
 ]
 
 
-def test_injection_strings_are_never_executed(tmp_path):
+def test_injection_strings_are_never_executed(tmp_path, monkeypatch):
+    # The text under test holds no digit of the environment: the target is a relative name, so
+    # the temp path (pytest-0 on a new machine) can never feed the last-number fallback a "0".
+    monkeypatch.chdir(tmp_path)
     target = tmp_path / "pwned"
-    completions = [s.replace("{p}", str(target)) for s in INJECTIONS]
+    completions = [s.replace("{p}", "pwned") for s in INJECTIONS]
+    assert not any(ch.isdigit() for c in completions for ch in c.replace("= 5", ""))
     for kind in ("math", "gsm8k"):
         verdicts = verify_batch(kind, completions, ["0"] * len(completions), timeout_s=5.0)
         assert not any(v.correct for v in verdicts)

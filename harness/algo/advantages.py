@@ -5,7 +5,8 @@ is the scalar reward of completion ``g`` of prompt ``p``. Flattened batches are
 group-major: row ``b = p * G + g``.
 
 Each estimator is a small function registered by name in
-``OUTCOME_ESTIMATORS`` with signature ``fn(rewards, valid, **params) -> [P, G]``;
+``OUTCOME_ESTIMATORS`` with its params dataclass and the signature
+``fn(rewards, valid, params, state) -> [P, G]``;
 :func:`compute_advantages` validates inputs and dispatches by config string.
 
 Rules shared by all estimators:
@@ -19,8 +20,8 @@ Rules shared by all estimators:
 
 from __future__ import annotations
 
-import inspect
-from typing import Callable, Dict, Optional, Set
+from dataclasses import dataclass
+from typing import Callable, Dict, Optional
 
 import torch
 from torch import Tensor
@@ -64,6 +65,48 @@ def _finalise(adv: Tensor, valid: Tensor, degenerate: Optional[Tensor] = None) -
     return torch.where(keep, adv, torch.zeros_like(adv))
 
 
+# --------------------------------------------------------------------------- params
+# Each dataclass is the estimator's only declaration of its parameters: the defaults live here,
+# it is the Hydra schema of ``advantage=<name>``, and the function receives the whole instance.
+
+
+@dataclass
+class GRPOParams:
+    """``advantage=grpo``: group z-score (DeepSeekMath sec. 4.1.2)."""
+
+    name: str = "grpo"
+    eps: float = 1e-6  # added to the std (TRL 1e-4, OpenRLHF 1e-9, verl 1e-6)
+    scale: str = "group"  # group | batch | none: which std divides (r - mean_group)
+    unbiased: bool = True  # Bessel-corrected std (torch.std, as TRL/verl/OpenRLHF)
+
+
+@dataclass
+class MeanOnlyParams:
+    """``advantage=mean_only``: Dr. GRPO, group-mean baseline without std scaling."""
+
+    name: str = "mean_only"
+
+
+@dataclass
+class RLOOParams:
+    """``advantage=rloo``: leave-one-out baseline (Kool et al. 2019, Ahmadian et al. 2024)."""
+
+    name: str = "rloo"
+    # none: A = r - mean(others); loo_std: also divided by the std of the others where it is > 0
+    # (NeMo-RL use_leave_one_out_baseline + normalize_rewards)
+    scale: str = "none"
+    eps: float = 0.0  # added to the leave-one-out std under scale=loo_std (NeMo-RL: 0, newer 1e-6)
+
+
+@dataclass
+class ReinforceParams:
+    """``advantage=reinforce``: REINFORCE with a scalar baseline (Williams 1992)."""
+
+    name: str = "reinforce"
+    baseline: str = "batch_mean"  # none | batch_mean | ema
+    ema_decay: float = 0.9  # used by baseline=ema
+
+
 # --------------------------------------------------------------------------- estimators
 
 # GRPO denominators by ``scale``: fn(rewards, valid, unbiased, eps) -> [P, 1] or 0-dim.
@@ -77,41 +120,34 @@ _GRPO_SCALES: Dict[str, Callable[[Tensor, Tensor, bool, float], Tensor]] = {
 }
 
 
-@OUTCOME_ESTIMATORS.register("grpo", grouped=True)
-def grpo_advantages(
-    rewards: Tensor,
-    valid: Tensor,
-    *,
-    eps: float = 1e-6,
-    unbiased: bool = True,
-    scale: str = "group",
-) -> Tensor:
+@OUTCOME_ESTIMATORS.register("grpo", params=GRPOParams, grouped=True)
+def grpo_advantages(rewards: Tensor, valid: Tensor, p: GRPOParams, state: Optional[Dict] = None) -> Tensor:
     """GRPO group-normalised advantage.
 
     Shapes: ``rewards``, ``valid``: ``[P, G]`` -> ``[P, G]``.
 
     Formula (Shao et al. 2024, DeepSeekMath, sec. 4.1.2 "outcome supervision"):
-    ``A_pg = (r_pg - mean_g r) / (std + eps)`` where ``std`` is
-    ``scale="group"``: the std of the group's valid rewards (Bessel-corrected if
-    ``unbiased``, like ``torch.std`` / verl);
-    ``scale="batch"``: the std of all valid rewards of the batch (the
-    "local mean, global std" variant, e.g. REINFORCE++-baseline, Hu 2025);
-    ``scale="none"``: no division (identical to ``mean_only``).
+    ``A_pg = (r_pg - mean_g r) / (std + p.eps)`` where ``std`` is
+    ``p.scale="group"``: the std of the group's valid rewards (Bessel-corrected if
+    ``p.unbiased``, like ``torch.std`` / verl / TRL);
+    ``p.scale="batch"``: the std of all valid rewards of the batch (the
+    "local mean, global std" variant, e.g. TRL ``scale_rewards="batch"``);
+    ``p.scale="none"``: no division (identical to ``mean_only``).
 
     Raises:
-        ValueError: if ``scale`` is not one of group/batch/none or ``eps < 0``.
+        ValueError: if ``p.scale`` is not one of group/batch/none or ``p.eps < 0``.
     """
-    if scale not in _GRPO_SCALES:
-        raise ValueError(f"scale must be one of {sorted(_GRPO_SCALES)}; got {scale!r}")
-    if eps < 0:
-        raise ValueError(f"eps must be >= 0, got {eps}")
+    if p.scale not in _GRPO_SCALES:
+        raise ValueError(f"advantage.scale must be one of {sorted(_GRPO_SCALES)}; got {p.scale!r}")
+    if p.eps < 0:
+        raise ValueError(f"advantage.eps must be >= 0, got {p.eps}")
     _, mean, degenerate = _group_stats(rewards, valid)
-    adv = (rewards - mean) / _GRPO_SCALES[scale](rewards, valid, unbiased, eps)
+    adv = (rewards - mean) / _GRPO_SCALES[p.scale](rewards, valid, p.unbiased, p.eps)
     return _finalise(adv, valid, degenerate)
 
 
-@OUTCOME_ESTIMATORS.register("mean_only", grouped=True)
-def mean_only_advantages(rewards: Tensor, valid: Tensor) -> Tensor:
+@OUTCOME_ESTIMATORS.register("mean_only", params=MeanOnlyParams, grouped=True)
+def mean_only_advantages(rewards: Tensor, valid: Tensor, p: MeanOnlyParams, state: Optional[Dict] = None) -> Tensor:
     """Dr. GRPO advantage: group-mean baseline without std normalisation.
 
     Shapes: ``rewards``, ``valid``: ``[P, G]`` -> ``[P, G]``.
@@ -126,24 +162,43 @@ def mean_only_advantages(rewards: Tensor, valid: Tensor) -> Tensor:
     return _finalise(rewards - mean, valid, degenerate)
 
 
-@OUTCOME_ESTIMATORS.register("rloo", grouped=True)
-def rloo_advantages(rewards: Tensor, valid: Tensor) -> Tensor:
-    """REINFORCE leave-one-out advantage.
+_RLOO_SCALES = ("none", "loo_std")
+
+
+@OUTCOME_ESTIMATORS.register("rloo", params=RLOOParams, grouped=True)
+def rloo_advantages(rewards: Tensor, valid: Tensor, p: RLOOParams, state: Optional[Dict] = None) -> Tensor:
+    """REINFORCE leave-one-out advantage, optionally scaled by the leave-one-out std.
 
     Shapes: ``rewards``, ``valid``: ``[P, G]`` -> ``[P, G]``.
 
     Formula (Kool et al. 2019, "Buy 4 REINFORCE Samples, Get a Baseline for
-    Free!"; Ahmadian et al. 2024, "Back to Basics", eq. for RLOO):
-    ``A_i = r_i - 1/(n-1) sum_{j != i} r_j = n/(n-1) (r_i - mean)`` over the
-    ``n`` valid members of the group.
+    Free!"; Ahmadian et al. 2024, "Back to Basics", eq. for RLOO), over the ``n``
+    valid members of the group: ``b_i = 1/(n-1) sum_{j != i} r_j`` and
+    ``A_i = r_i - b_i = n/(n-1) (r_i - mean)``.
+
+    ``p.scale="loo_std"`` follows NeMo-RL (``grpo.use_leave_one_out_baseline`` with
+    ``grpo.normalize_rewards``, ``calculate_baseline_and_std_per_prompt``):
+    ``s_i = sqrt(mean_{j != i} r_j^2 - b_i^2)`` (population std of the others) and
+    ``A_i = (r_i - b_i) / (s_i + p.eps)`` where ``s_i > 0``; where ``s_i = 0`` (all other
+    members agree) ``A_i = r_i - b_i`` is left unscaled, so the advantage stays bounded.
 
     Raises:
-        Nothing beyond :func:`compute_advantages` validation.
+        ValueError: ``p.scale`` not none/loo_std, or ``p.eps < 0``.
     """
+    if p.scale not in _RLOO_SCALES:
+        raise ValueError(f"advantage.scale must be one of {list(_RLOO_SCALES)}; got {p.scale!r}")
+    if p.eps < 0:
+        raise ValueError(f"advantage.eps must be >= 0, got {p.eps}")
     n, _, degenerate = _group_stats(rewards, valid)
-    total = masked_sum(rewards, valid, dim=-1, keepdim=True)
     others = torch.where(n > 1, n - 1, torch.ones_like(n)).to(rewards.dtype)
-    adv = rewards - (total - rewards) / others
+    total = masked_sum(rewards, valid, dim=-1, keepdim=True)
+    baseline = (total - rewards) / others
+    adv = rewards - baseline
+    if p.scale == "loo_std":
+        total_sq = masked_sum(rewards.square(), valid, dim=-1, keepdim=True)
+        loo_var = ((total_sq - rewards.square()) / others - baseline.square()).clamp(min=0.0)
+        loo_std = loo_var.sqrt()
+        adv = torch.where(loo_std > 0, adv / (loo_std + p.eps), adv)
     return _finalise(adv, valid, degenerate)
 
 
@@ -151,7 +206,7 @@ def _ema_baseline(rewards: Tensor, valid: Tensor, ema_decay: float, state) -> Te
     if not isinstance(state, dict):
         raise ValueError("state must be a dict when baseline='ema' (holds the EMA baseline)")
     if not 0.0 <= ema_decay <= 1.0:
-        raise ValueError(f"ema_decay must be in [0, 1], got {ema_decay}")
+        raise ValueError(f"advantage.ema_decay must be in [0, 1], got {ema_decay}")
     batch_mean = float(masked_mean(rewards, valid))
     prev = state.get("ema")
     b = batch_mean if prev is None else float(prev)
@@ -168,62 +223,38 @@ _REINFORCE_BASELINES: Dict[str, Callable] = {
 }
 
 
-@OUTCOME_ESTIMATORS.register("reinforce", grouped=False)
-def reinforce_advantages(
-    rewards: Tensor,
-    valid: Tensor,
-    *,
-    baseline: str = "none",
-    ema_decay: float = 0.9,
-    state: Optional[Dict] = None,
-) -> Tensor:
-    """Vanilla REINFORCE advantage with an optional scalar baseline.
+@OUTCOME_ESTIMATORS.register("reinforce", params=ReinforceParams, grouped=False)
+def reinforce_advantages(rewards: Tensor, valid: Tensor, p: ReinforceParams, state: Optional[Dict] = None) -> Tensor:
+    """Vanilla REINFORCE advantage with a scalar baseline.
 
     Shapes: ``rewards``, ``valid``: ``[P, G]`` -> ``[P, G]`` (works for ``G = 1``).
 
     Formula (Williams 1992): ``A = r - b`` with
-    ``baseline="none"``: ``b = 0``;
-    ``baseline="batch_mean"``: ``b`` = mean of the batch's valid rewards;
-    ``baseline="ema"``: ``b = state["ema"]`` (the value *before* this call's
+    ``p.baseline="none"``: ``b = 0``;
+    ``p.baseline="batch_mean"`` (default): ``b`` = mean of the batch's valid rewards;
+    ``p.baseline="ema"``: ``b = state["ema"]`` (the value *before* this call's
     update; on the first call, when ``"ema"`` is absent, ``b`` = batch mean).
-    After use, ``state["ema"] = ema_decay * b + (1 - ema_decay) * batch_mean``
+    After use, ``state["ema"] = p.ema_decay * b + (1 - p.ema_decay) * batch_mean``
     (a python float). A batch with no valid reward leaves the state unchanged.
 
     Raises:
-        ValueError: if ``baseline`` is unknown, ``baseline="ema"`` without a
-            ``state`` dict, or ``ema_decay`` not in ``[0, 1]``.
+        ValueError: if ``p.baseline`` is unknown, ``baseline="ema"`` without a
+            ``state`` dict, or ``p.ema_decay`` not in ``[0, 1]``.
     """
-    if baseline not in _REINFORCE_BASELINES:
+    if p.baseline not in _REINFORCE_BASELINES:
         raise ValueError(
-            f"baseline must be one of {sorted(_REINFORCE_BASELINES)}; got {baseline!r}"
+            f"advantage.baseline must be one of {sorted(_REINFORCE_BASELINES)}; got {p.baseline!r}"
         )
-    b = _REINFORCE_BASELINES[baseline](rewards, valid, ema_decay, state)
+    b = _REINFORCE_BASELINES[p.baseline](rewards, valid, p.ema_decay, state)
     return _finalise(rewards - b, valid)
 
 
 # --------------------------------------------------------------------------- dispatch
 
 
-def check_params(fn: Callable, params: Dict, what: str, exclude: Set[str] = frozenset()) -> None:
-    """Raise ValueError if ``params`` holds a keyword ``fn`` does not accept.
-
-    Accepted keywords are ``fn``'s keyword-only parameters minus ``exclude``.
-    """
-    sig = inspect.signature(fn)
-    accepted = [
-        p.name
-        for p in sig.parameters.values()
-        if p.kind == inspect.Parameter.KEYWORD_ONLY and p.name not in exclude
-    ]
-    unknown = sorted(set(params) - set(accepted))
-    if unknown:
-        raise ValueError(
-            f"unknown parameter(s) {unknown} for {what}; accepted: {accepted or 'none'}"
-        )
-
-
 def compute_advantages(
-    rewards: Tensor, estimator: str, *, valid: Optional[Tensor] = None, **params
+    rewards: Tensor, estimator: str, *, valid: Optional[Tensor] = None, params=None,
+    state: Optional[Dict] = None, **overrides
 ) -> Tensor:
     """Outcome advantages for a batch of prompt groups, estimator chosen by name.
 
@@ -233,18 +264,19 @@ def compute_advantages(
     ``valid`` is False.
 
     ``estimator`` is one of ``OUTCOME_ESTIMATORS.names()`` (grpo, mean_only,
-    rloo, reinforce); ``params`` are that estimator's keyword options (see each
-    ``*_advantages`` docstring).
+    rloo, reinforce); ``params`` an instance (or mapping) of its params dataclass,
+    and ``overrides`` replace single fields (``compute_advantages(r, "grpo", eps=0.0)``).
+    ``state`` is the persistent dict of stateful estimators (reinforce's EMA).
 
     Raises:
-        ValueError: unknown ``estimator`` (lists valid names); unknown keyword in
-            ``params`` (lists accepted ones); ``rewards`` not a 2-D tensor;
-            ``valid`` of a different shape; non-finite valid rewards;
+        ValueError: unknown ``estimator`` (lists valid names); a parameter that is not
+            a field of the estimator's params (lists accepted ones); ``rewards`` not a
+            2-D tensor; ``valid`` of a different shape; non-finite valid rewards;
             ``G < 2`` for a group estimator ("group_size must be >= 2 for
             estimator 'grpo'"); any estimator-specific ValueError.
     """
-    fn = OUTCOME_ESTIMATORS.get(estimator)
-    check_params(fn, params, f"estimator {estimator!r}")
+    spec = OUTCOME_ESTIMATORS.spec(estimator)
+    p = spec.build(params, **overrides)
     if not isinstance(rewards, Tensor) or rewards.dim() != 2:
         got = shape_str(rewards) if isinstance(rewards, Tensor) else type(rewards).__name__
         raise ValueError(f"rewards must be a [P, G] tensor, got {got}")
@@ -256,13 +288,13 @@ def compute_advantages(
         got = shape_str(valid) if isinstance(valid, Tensor) else type(valid).__name__
         raise ValueError(f"valid must be a bool tensor of shape {shape_str(rewards)}, got {got}")
     valid = valid.to(torch.bool)
-    if OUTCOME_ESTIMATORS.requires_groups(estimator) and rewards.shape[1] < 2:
+    if spec.grouped and rewards.shape[1] < 2:
         raise ValueError(
             f"group_size must be >= 2 for estimator {estimator!r}, got G={rewards.shape[1]}"
         )
     if not bool(torch.isfinite(rewards[valid]).all()):
         raise ValueError("rewards must be finite at valid positions (found NaN or inf)")
-    return fn(rewards, valid, **params)
+    return spec.fn(rewards, valid, p, state)
 
 
 __all__ = [
@@ -273,5 +305,8 @@ __all__ = [
     "mean_only_advantages",
     "rloo_advantages",
     "reinforce_advantages",
-    "check_params",
+    "GRPOParams",
+    "MeanOnlyParams",
+    "RLOOParams",
+    "ReinforceParams",
 ]

@@ -9,6 +9,7 @@ name (verl ``loss_agg_mode`` names). Losses are to be *minimised*.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Dict, Optional, Tuple, Union
 
 import torch
@@ -212,6 +213,96 @@ def value_loss(
 
 
 # --------------------------------------------------------------------------- aggregation
+# Each mode's params dataclass is the schema of ``loss_agg=<mode>`` (harness.config) and its only
+# declaration of defaults. The function gets the params and the batch-wide normalisers.
+
+
+@dataclass
+class TokenMeanParams:
+    """``loss_agg=token-mean``: sum over all valid tokens / their count (DAPO, TRL ``dapo``/``bnpo``)."""
+
+    name: str = "token-mean"
+
+
+@dataclass
+class SeqMeanTokenMeanParams:
+    """``loss_agg=seq-mean-token-mean``: mean over sequences of each sequence's token mean (GRPO)."""
+
+    name: str = "seq-mean-token-mean"
+    # False: divide by the rows with >= 1 loss token (verl); True: by all B rows, fully masked
+    # ones included (TRL loss_type="grpo": .mean() over the batch)
+    count_masked_rows: bool = False
+
+
+@dataclass
+class SeqMeanTokenSumParams:
+    """``loss_agg=seq-mean-token-sum``: mean over sequences of each sequence's token sum."""
+
+    name: str = "seq-mean-token-sum"
+    count_masked_rows: bool = False
+
+
+@dataclass
+class SeqMeanTokenSumNormParams:
+    """``loss_agg=seq-mean-token-sum-norm``: Dr. GRPO's constant length normaliser."""
+
+    name: str = "seq-mean-token-sum-norm"
+    constant: Optional[float] = None  # the divisor C; None = the generation cap (rollout.max_new_tokens)
+    # True: also divide by the number of sequences (Dr. GRPO paper, TRL dr_grpo); False: verl
+    divide_by_seqs: bool = True
+    count_masked_rows: bool = False  # with divide_by_seqs: count fully masked rows (TRL dr_grpo)
+
+
+@dataclass(frozen=True)
+class Normalizers:
+    """Batch-wide counts an aggregation divides by (the *whole* batch's under micro-batching).
+
+    ``num_tokens``: valid tokens; ``num_seqs``: rows with >= 1 valid token; ``num_rows``: all
+    rows; ``max_len``: the generation cap in tokens (None when unknown).
+    """
+
+    num_tokens: Number
+    num_seqs: Number
+    num_rows: Number
+    max_len: Optional[Number] = None
+
+
+def _seq_count(p, norm: Normalizers) -> Number:
+    return norm.num_rows if p.count_masked_rows else norm.num_seqs
+
+
+@LOSS_AGGREGATIONS.register("token-mean", params=TokenMeanParams)
+def _token_mean(loss, mask, p: TokenMeanParams, norm: Normalizers) -> Tensor:
+    return masked_sum(loss, mask) / norm.num_tokens
+
+
+@LOSS_AGGREGATIONS.register("seq-mean-token-mean", params=SeqMeanTokenMeanParams)
+def _seq_mean_token_mean(loss, mask, p: SeqMeanTokenMeanParams, norm: Normalizers) -> Tensor:
+    lengths = mask.to(loss.dtype).sum(dim=-1)
+    per_seq = _row_sums(loss, mask) / torch.where(lengths > 0, lengths, torch.ones_like(lengths))
+    return per_seq.sum() / _seq_count(p, norm)
+
+
+@LOSS_AGGREGATIONS.register("seq-mean-token-sum", params=SeqMeanTokenSumParams)
+def _seq_mean_token_sum(loss, mask, p: SeqMeanTokenSumParams, norm: Normalizers) -> Tensor:
+    return _row_sums(loss, mask).sum() / _seq_count(p, norm)
+
+
+@LOSS_AGGREGATIONS.register("seq-mean-token-sum-norm", params=SeqMeanTokenSumNormParams)
+def _seq_mean_token_sum_norm(loss, mask, p: SeqMeanTokenSumNormParams, norm: Normalizers) -> Tensor:
+    constant = p.constant if p.constant is not None else norm.max_len
+    if constant is None:
+        raise ValueError(
+            "loss_agg.constant must be given for loss aggregation 'seq-mean-token-sum-norm' "
+            "(Dr. GRPO normaliser, e.g. the max generation length)"
+        )
+    _positive(constant, "loss_agg.constant")
+    total = _row_sums(loss, mask).sum() / constant
+    return total / _seq_count(p, norm) if p.divide_by_seqs else total
+
+
+def _row_sums(loss: Tensor, mask: Tensor) -> Tensor:
+    return masked_sum(loss, mask, dim=-1)
 
 
 def _positive(value: Optional[Number], name: str) -> Optional[Number]:
@@ -222,53 +313,12 @@ def _positive(value: Optional[Number], name: str) -> Optional[Number]:
     return value
 
 
-def _row_sums(loss: Tensor, mask: Tensor) -> Tensor:
-    return masked_sum(loss, mask, dim=-1)
-
-
-def _num_seqs(mask: Tensor, num_seqs: Optional[Number]) -> Number:
-    if num_seqs is not None:
-        return num_seqs
-    return max(int((mask.to(torch.bool).sum(dim=-1) > 0).sum()), 1)
-
-
-@LOSS_AGGREGATIONS.register("token-mean")
-def _token_mean(loss, mask, *, constant, num_tokens, num_seqs) -> Tensor:
-    total = masked_sum(loss, mask)
-    if num_tokens is None:
-        n = mask.to(loss.dtype).sum()
-        num_tokens = torch.where(n > 0, n, torch.ones_like(n))
-    return total / num_tokens
-
-
-@LOSS_AGGREGATIONS.register("seq-mean-token-mean")
-def _seq_mean_token_mean(loss, mask, *, constant, num_tokens, num_seqs) -> Tensor:
-    lengths = mask.to(loss.dtype).sum(dim=-1)
-    per_seq = _row_sums(loss, mask) / torch.where(lengths > 0, lengths, torch.ones_like(lengths))
-    return per_seq.sum() / _num_seqs(mask, num_seqs)
-
-
-@LOSS_AGGREGATIONS.register("seq-mean-token-sum")
-def _seq_mean_token_sum(loss, mask, *, constant, num_tokens, num_seqs) -> Tensor:
-    return _row_sums(loss, mask).sum() / _num_seqs(mask, num_seqs)
-
-
-@LOSS_AGGREGATIONS.register("seq-mean-token-sum-norm")
-def _seq_mean_token_sum_norm(loss, mask, *, constant, num_tokens, num_seqs) -> Tensor:
-    if constant is None:
-        raise ValueError(
-            "constant must be given for loss aggregation 'seq-mean-token-sum-norm' "
-            "(Dr. GRPO normaliser, e.g. the max generation length)"
-        )
-    return (_row_sums(loss, mask) / constant).sum() / _num_seqs(mask, num_seqs)
-
-
 def aggregation_normalizers(mask: Tensor) -> Dict[str, int]:
     """Global normalisers of a full batch for micro-batched :func:`aggregate_loss`.
 
     Shapes: ``mask`` ``[B, T]`` of the *whole* batch -> ``{"num_tokens": valid
-    token count, "num_seqs": number of rows with >= 1 valid token}`` (python
-    ints, both at least 1), the same counts ``aggregate_loss`` uses locally.
+    token count, "num_seqs": rows with >= 1 valid token, "num_rows": B}`` (python
+    ints, each at least 1), the counts ``aggregate_loss`` uses locally.
 
     Raises:
         ValueError: if ``mask`` is not 2-D.
@@ -276,53 +326,61 @@ def aggregation_normalizers(mask: Tensor) -> Dict[str, int]:
     if not isinstance(mask, Tensor) or mask.dim() != 2:
         raise ValueError("mask must be a [B, T] tensor")
     m = mask.to(torch.bool)
-    return {"num_tokens": max(int(m.sum()), 1), "num_seqs": max(int((m.sum(-1) > 0).sum()), 1)}
+    return {"num_tokens": max(int(m.sum()), 1), "num_seqs": max(int((m.sum(-1) > 0).sum()), 1),
+            "num_rows": max(int(m.shape[0]), 1)}
 
 
 def aggregate_loss(
     per_token_loss: Tensor,
     mask: Tensor,
     mode: str,
+    params=None,
     *,
-    constant: Optional[float] = None,
     num_tokens: Optional[Number] = None,
     num_seqs: Optional[Number] = None,
+    num_rows: Optional[Number] = None,
+    max_len: Optional[Number] = None,
+    **overrides,
 ) -> Tensor:
     """Reduce a ``[B, T]`` per-token loss to a scalar, mode chosen by name.
 
     Shapes: ``per_token_loss``, ``mask``: ``[B, T]`` -> 0-dim tensor.
 
     Modes (verl ``agg_loss`` / ``loss_agg_mode`` names), with ``m`` the mask,
-    ``L_b = sum_t m_bt`` and ``S`` the rows with ``L_b > 0``:
+    ``L_b = sum_t m_bt``, ``N_tok`` the valid tokens and ``N_seq`` the rows with
+    ``L_b > 0`` (or all ``B`` rows with ``count_masked_rows``):
 
     * ``token-mean``: ``sum_bt m l / N_tok`` (DAPO token-level policy-gradient loss).
     * ``seq-mean-token-mean``: ``sum_{b} (sum_t m l / L_b) / N_seq`` (GRPO as
       in DeepSeekMath eq. 3).
     * ``seq-mean-token-sum``: ``sum_{b} (sum_t m l) / N_seq``.
-    * ``seq-mean-token-sum-norm``: ``sum_{b} (sum_t m l / constant) / N_seq``
-      (Dr. GRPO, Liu et al. 2025: constant normaliser, e.g. max generation
-      length; note recent verl omits the division by ``N_seq`` here).
+    * ``seq-mean-token-sum-norm``: ``sum_{b} (sum_t m l / C) / N_seq`` (Dr. GRPO,
+      Liu et al. 2025: constant normaliser ``C``, default ``max_len``); with
+      ``divide_by_seqs=False`` the ``1/N_seq`` factor is dropped, as verl does.
 
-    ``N_tok`` / ``N_seq`` default to the local valid-token count and ``|S|``.
-    For gradient accumulation pass the *whole batch's* counts (see
-    :func:`aggregation_normalizers`) as ``num_tokens`` / ``num_seqs``: then
-    summing this function over micro-batches equals the full-batch value
-    exactly, for every mode. ``constant`` is ignored by the other modes.
+    ``params``: an instance or mapping of the mode's params dataclass (the trainer passes
+    ``cfg.loss_agg``); ``overrides`` replace single fields (``constant=10``).
+    ``num_tokens`` / ``num_seqs`` / ``num_rows`` default to the local counts. For gradient
+    accumulation pass the *whole batch's* counts (:func:`aggregation_normalizers`): then
+    summing this function over micro-batches equals the full-batch value exactly, for every
+    mode.
 
     Raises:
-        ValueError: unknown ``mode`` (lists valid names); shape mismatch;
-            ``constant`` missing for ``seq-mean-token-sum-norm``; ``constant``,
-            ``num_tokens`` or ``num_seqs`` given as a number <= 0.
+        ValueError: unknown ``mode`` (lists valid names); a parameter that is not a field of
+            the mode's params; shape mismatch; no ``constant`` and no ``max_len`` for
+            ``seq-mean-token-sum-norm``; a normaliser given as a number <= 0.
     """
-    fn = LOSS_AGGREGATIONS.get(mode)
+    spec = LOSS_AGGREGATIONS.spec(mode)
+    p = spec.build(params, **overrides)
     _check_like(per_token_loss, "per_token_loss", mask=mask)
-    return fn(
-        per_token_loss,
-        mask,
-        constant=_positive(constant, "constant"),
-        num_tokens=_positive(num_tokens, "num_tokens"),
-        num_seqs=_positive(num_seqs, "num_seqs"),
+    local = aggregation_normalizers(mask)
+    norm = Normalizers(
+        num_tokens=_positive(num_tokens, "num_tokens") or local["num_tokens"],
+        num_seqs=_positive(num_seqs, "num_seqs") or local["num_seqs"],
+        num_rows=_positive(num_rows, "num_rows") or local["num_rows"],
+        max_len=_positive(max_len, "max_len"),
     )
+    return spec.fn(per_token_loss, mask, p, norm)
 
 
 __all__ = [
@@ -332,6 +390,11 @@ __all__ = [
     "value_loss",
     "aggregate_loss",
     "aggregation_normalizers",
+    "Normalizers",
+    "TokenMeanParams",
+    "SeqMeanTokenMeanParams",
+    "SeqMeanTokenSumParams",
+    "SeqMeanTokenSumNormParams",
     "token_log_ratio",
     "sequence_log_ratio",
 ]

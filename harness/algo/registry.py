@@ -1,67 +1,128 @@
-"""A tiny name -> callable registry used by every pluggable piece of ``harness.algo``.
+"""A name -> variant registry used by every pluggable piece of ``harness.algo``.
 
-Each advantage estimator, KL form and loss-aggregation mode is a small function
-registered under a config string, e.g.::
+Each advantage estimator and loss-aggregation mode is a small function registered under a
+config string together with its **parameter dataclass**. That dataclass is declared once and
+serves three purposes:
 
-    OUTCOME_ESTIMATORS = Registry("outcome estimator")
+* it is the Hydra structured-config node of that choice (``harness.config`` stores it in the
+  ConfigStore, so ``advantage=grpo`` selects it and a misspelt key fails at startup);
+* its field defaults are the only defaults of the variant (the function has none);
+* the function receives the whole instance, never a filtered set of keys::
 
-    @OUTCOME_ESTIMATORS.register("grpo")
-    def _grpo(rewards, valid, **params): ...
+    @dataclass
+    class GRPOParams:
+        name: str = "grpo"
+        eps: float = 1e-6
 
-    fn = OUTCOME_ESTIMATORS.get(cfg.algo.estimator)
+    @ESTIMATORS.register("grpo", params=GRPOParams, grouped=True)
+    def grpo(ctx, p: GRPOParams): ...
 
-Selecting by name replaces if-chains; unknown names fail loudly with the list of
-valid names so a typo in a config is caught at validation time.
+    spec = ESTIMATORS.spec(cfg.advantage.name)
+    out = spec.fn(ctx, spec.build(cfg.advantage))
+
+``needs`` declares the extra inputs a variant requires (``"values"`` for a critic,
+``"step_rewards"`` for process supervision), so the trainer computes what is declared without
+knowing any variant by name.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Generic, Iterator, List, TypeVar
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, FrozenSet, Generic, Iterator, List, Mapping, Optional, TypeVar
 
 F = TypeVar("F", bound=Callable)
 
 
+@dataclass(frozen=True)
+class Variant:
+    """One registered variant: its function, parameter dataclass and declarations."""
+
+    name: str
+    fn: Callable
+    params: Optional[type] = None
+    grouped: bool = False
+    needs: FrozenSet[str] = field(default_factory=frozenset)
+
+    def param_names(self) -> List[str]:
+        """Names of the tunable fields (``name`` excluded)."""
+        if self.params is None:
+            return []
+        return [f.name for f in dataclasses.fields(self.params) if f.name != "name"]
+
+    def build(self, values: Any = None, **overrides: Any) -> Any:
+        """A params instance from ``values`` (a mapping, a DictConfig or an instance) and overrides.
+
+        Missing fields take the dataclass defaults. Every key must be a field.
+
+        Raises:
+            ValueError: a key that is not a field of this variant's params (lists the accepted
+                ones), or a ``name`` key naming another variant.
+        """
+        if self.params is None:
+            if overrides or (values and any(k != "name" for k in dict(values))):
+                given = sorted(set(overrides) | {k for k in dict(values or {}) if k != "name"})
+                raise ValueError(f"unknown parameter(s) {given} for {self.name!r}; accepted: none")
+            return None
+        if isinstance(values, self.params):
+            data = dataclasses.asdict(values)
+        else:
+            data = dict(values or {})
+        data.update(overrides)
+        if data.get("name", self.name) != self.name:
+            raise ValueError(f"params named {data['name']!r} passed to {self.name!r}")
+        unknown = sorted(set(data) - {f.name for f in dataclasses.fields(self.params)})
+        if unknown:
+            raise ValueError(f"unknown parameter(s) {unknown} for {self.name!r}; accepted: "
+                             f"{self.param_names() or 'none'}")
+        return self.params(**data)
+
+
 class Registry(Generic[F]):
-    """Mapping from config names to callables.
+    """Mapping from config names to :class:`Variant` records.
 
     Args:
         kind: human-readable description of what is registered (used in error
-            messages, e.g. ``"KL estimator"``).
+            messages, e.g. ``"advantage estimator"``).
 
     Raises (from methods):
-        ValueError: ``register`` with an empty or already-used name;
-            ``get`` with an unknown name (the message lists valid names).
+        ValueError: ``register`` with an empty or already-used name, or a params class whose
+            ``name`` default differs from the registered name; ``get``/``spec`` with an unknown
+            name (the message lists valid names).
     """
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
-        self._items: Dict[str, F] = {}
-        self._grouped: set = set()
+        self._items: Dict[str, Variant] = {}
 
-    def register(self, name: str, *, grouped: bool = False) -> Callable[[F], F]:
+    def register(self, name: str, *, params: Optional[type] = None, grouped: bool = False,
+                 needs: tuple = ()) -> Callable[[F], F]:
         """Decorator registering ``fn`` under ``name`` and returning ``fn`` unchanged.
 
-        ``grouped=True`` marks an estimator that needs groups of ``G >= 2`` completions
-        (see :meth:`requires_groups`).
-
-        Raises:
-            ValueError: if ``name`` is empty / not a string, or already registered.
+        Args:
+            params: the parameter dataclass (also the config schema); its ``name`` field, if
+                any, must default to ``name``.
+            grouped: the variant needs groups of ``G >= 2`` completions per prompt.
+            needs: extra inputs the trainer must compute (e.g. ``("values",)``).
         """
         if not isinstance(name, str) or not name:
             raise ValueError(f"{self.kind} name must be a non-empty string, got {name!r}")
+        if params is not None:
+            names = {f.name: f for f in dataclasses.fields(params)}
+            if "name" in names and names["name"].default != name:
+                raise ValueError(f"{params.__name__}.name defaults to {names['name'].default!r}, "
+                                 f"but it is registered as {self.kind} {name!r}")
 
         def decorator(fn: F) -> F:
             if name in self._items:
                 raise ValueError(f"{self.kind} {name!r} is already registered")
-            self._items[name] = fn
-            if grouped:
-                self._grouped.add(name)
+            self._items[name] = Variant(name, fn, params, grouped, frozenset(needs))
             return fn
 
         return decorator
 
-    def get(self, name: str) -> F:
-        """Return the callable registered as ``name``.
+    def spec(self, name: str) -> Variant:
+        """The :class:`Variant` registered as ``name``.
 
         Raises:
             ValueError: if ``name`` is unknown; the message lists the valid names.
@@ -73,18 +134,21 @@ class Registry(Generic[F]):
                 f"unknown {self.kind} {name!r}; valid names: {', '.join(self.names())}"
             ) from None
 
-    def requires_groups(self, name: str) -> bool:
-        """True if ``name`` was registered with ``grouped=True``.
+    def get(self, name: str) -> Callable:
+        """The function registered as ``name`` (raises as :meth:`spec`)."""
+        return self.spec(name).fn
 
-        Raises:
-            ValueError: if ``name`` is unknown (lists valid names).
-        """
-        self.get(name)
-        return name in self._grouped
+    def requires_groups(self, name: str) -> bool:
+        """True if ``name`` was registered with ``grouped=True`` (raises as :meth:`spec`)."""
+        return self.spec(name).grouped
 
     def names(self) -> List[str]:
         """Sorted list of registered names."""
         return sorted(self._items)
+
+    def schemas(self) -> Mapping[str, type]:
+        """``{name: params dataclass}`` for every variant that declares params."""
+        return {n: v.params for n, v in sorted(self._items.items()) if v.params is not None}
 
     def __contains__(self, name: object) -> bool:
         return name in self._items

@@ -1,8 +1,9 @@
 """Token-level advantage estimators selectable by config name (the trainer's entry point).
 
 Every estimator has the uniform signature
-``fn(ctx: AdvantageContext, **params) -> AdvantageOutput`` and is registered in
-``TOKEN_ESTIMATORS``; :func:`estimate_advantages` dispatches by name.
+``fn(ctx: AdvantageContext, params) -> AdvantageOutput`` and is registered in
+``TOKEN_ESTIMATORS`` with its params dataclass (the Hydra schema of ``advantage=<name>``) and
+the extra inputs it ``needs``; :func:`estimate_advantages` dispatches by name.
 
 Layout: ``P`` prompts x ``G`` completions, ``B = P * G`` rows in group-major
 order (row ``b = p * G + g``), ``T`` padded completion length, right padding.
@@ -14,7 +15,6 @@ each row's valid tokens (``grpo``, ``mean_only``, ``rloo``, ``reinforce``),
 
 from __future__ import annotations
 
-import inspect
 import numbers
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional, Tuple
@@ -22,12 +22,7 @@ from typing import Callable, List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from .advantages import (
-    OUTCOME_ESTIMATORS,
-    check_params,
-    compute_advantages,
-    outcome_requires_groups,
-)
+from .advantages import OUTCOME_ESTIMATORS, compute_advantages
 from .gae import gae, reinforce_pp_returns
 from .registry import Registry
 from .utils import masked_mean, masked_var, masked_whiten, right_padded_lengths, shape_str
@@ -120,15 +115,13 @@ def _broadcast(seq_adv: Tensor, mask: Tensor) -> Tensor:
 
 
 def _make_outcome_estimator(name: str) -> Callable:
-    outcome_fn = OUTCOME_ESTIMATORS.get(name)
-    takes_state = "state" in inspect.signature(outcome_fn).parameters
+    spec = OUTCOME_ESTIMATORS.spec(name)
 
-    def estimator(ctx: AdvantageContext, **params) -> AdvantageOutput:
+    def estimator(ctx: AdvantageContext, p) -> AdvantageOutput:
         P, G = _check_ctx(ctx, name)
         m = _float_mask(ctx)
         valid = (ctx.mask.to(torch.bool).sum(dim=-1) > 0).reshape(P, G)
-        extra = {"state": ctx.state} if takes_state else {}
-        seq_adv = compute_advantages(ctx.scores, name, valid=valid, **params, **extra)
+        seq_adv = compute_advantages(ctx.scores, name, valid=valid, params=p, state=ctx.state)
         return AdvantageOutput(advantages=_broadcast(seq_adv, m))
 
     estimator.__name__ = f"{name}_token_estimator"
@@ -138,22 +131,40 @@ def _make_outcome_estimator(name: str) -> Callable:
         "row's sequence advantage on its valid tokens, 0 elsewhere. Rows with no\n"
         "valid token are excluded from group statistics (``valid`` = mask.sum(-1) > 0).\n"
         "Params and formula: see ``harness.algo.advantages."
-        f"{outcome_fn.__name__}``.\n\nRaises:\n    ValueError: as "
+        f"{spec.fn.__name__}``.\n\nRaises:\n    ValueError: as "
         "``compute_advantages`` plus context shape errors."
     )
-    estimator.__wrapped_outcome__ = outcome_fn  # for parameter introspection
     return estimator
 
 
 for _name in OUTCOME_ESTIMATORS.names():
-    TOKEN_ESTIMATORS.register(_name, grouped=outcome_requires_groups(_name))(_make_outcome_estimator(_name))
+    _spec = OUTCOME_ESTIMATORS.spec(_name)
+    TOKEN_ESTIMATORS.register(_name, params=_spec.params, grouped=_spec.grouped)(_make_outcome_estimator(_name))
 
 
 # --------------------------------------------------------------------------- REINFORCE++
 
 
-@TOKEN_ESTIMATORS.register("reinforce_pp", grouped=False)
-def reinforce_pp(ctx: AdvantageContext, *, gamma: float = 1.0) -> AdvantageOutput:
+@dataclass
+class ReinforcePPParams:
+    """``advantage=reinforce_pp``: REINFORCE++ (Hu 2025)."""
+
+    name: str = "reinforce_pp"
+    gamma: float = 1.0  # discount of the return-to-go
+    unbiased: bool = True  # whitening variance: Bessel-corrected (verl) or population (OpenRLHF)
+
+
+@dataclass
+class ReinforcePPBaselineParams:
+    """``advantage=reinforce_pp_baseline``: REINFORCE++-baseline (Hu 2025; OpenRLHF reinforce_baseline)."""
+
+    name: str = "reinforce_pp_baseline"
+    gamma: float = 1.0
+    unbiased: bool = True
+
+
+@TOKEN_ESTIMATORS.register("reinforce_pp", params=ReinforcePPParams, grouped=False)
+def reinforce_pp(ctx: AdvantageContext, p: ReinforcePPParams) -> AdvantageOutput:
     """REINFORCE++ advantage: batch-whitened discounted return-to-go.
 
     Shapes: ``ctx.token_rewards``, ``ctx.mask`` ``[B, T]`` -> advantages ``[B, T]``.
@@ -161,19 +172,21 @@ def reinforce_pp(ctx: AdvantageContext, *, gamma: float = 1.0) -> AdvantageOutpu
     Formula (Hu 2025, "REINFORCE++", arXiv 2501.03262, sec. 3;
     OpenRLHF ``reinforce``): ``G_t = sum_{s >= t} gamma^(s-t) r_s`` over the
     row's valid tokens, then ``A = (G - mean) / sqrt(var + 1e-8)`` with mean and
-    (unbiased) variance over all valid tokens of the batch (verl ``masked_whiten``).
+    variance over all valid tokens of the batch: Bessel-corrected when ``p.unbiased``
+    (verl ``masked_whiten``), the population variance otherwise (OpenRLHF
+    ``masked_normalize``, which clamps ``var`` at 1e-8 instead of adding it).
 
     Raises:
         ValueError: context shape errors or ``gamma`` outside ``[0, 1]``.
     """
     _check_ctx(ctx, "reinforce_pp")
     m = _float_mask(ctx)
-    returns = reinforce_pp_returns(ctx.token_rewards, ctx.mask, gamma=gamma)
-    return AdvantageOutput(advantages=masked_whiten(returns, m))
+    returns = reinforce_pp_returns(ctx.token_rewards, ctx.mask, gamma=p.gamma)
+    return AdvantageOutput(advantages=masked_whiten(returns, m, unbiased=p.unbiased))
 
 
-@TOKEN_ESTIMATORS.register("reinforce_pp_baseline", grouped=True)
-def reinforce_pp_baseline(ctx: AdvantageContext, *, gamma: float = 1.0) -> AdvantageOutput:
+@TOKEN_ESTIMATORS.register("reinforce_pp_baseline", params=ReinforcePPBaselineParams, grouped=True)
+def reinforce_pp_baseline(ctx: AdvantageContext, p: ReinforcePPBaselineParams) -> AdvantageOutput:
     """REINFORCE++-baseline: group-mean baseline, return-to-go, batch whitening.
 
     Shapes: ``ctx.scores`` ``[P, G]``, ``ctx.token_rewards``/``ctx.mask``
@@ -183,8 +196,8 @@ def reinforce_pp_baseline(ctx: AdvantageContext, *, gamma: float = 1.0) -> Advan
     ``reinforce_baseline``): ``b_p`` = mean of ``scores`` over the valid members
     of group ``p``; ``r'`` = ``token_rewards`` with ``b_p`` subtracted at each
     row's last valid token; ``G_t`` = return-to-go of ``r'`` with ``gamma``;
-    ``A`` = ``G`` whitened over all valid tokens of the batch. With ``gamma=1``,
-    ``G_0 = score - b_p``.
+    ``A`` = ``G`` whitened over all valid tokens of the batch (variance as
+    :func:`reinforce_pp`). With ``gamma=1``, ``G_0 = score - b_p``.
 
     Raises:
         ValueError: context shape errors, ``G < 2``, ``gamma`` outside ``[0, 1]``.
@@ -199,26 +212,42 @@ def reinforce_pp_baseline(ctx: AdvantageContext, *, gamma: float = 1.0) -> Advan
     rows = torch.arange(m.shape[0], device=m.device)
     shaped = ctx.token_rewards.to(m.dtype).clone()
     shaped[rows, last] -= torch.where(lengths > 0, baseline, torch.zeros_like(baseline))
-    returns = reinforce_pp_returns(shaped, ctx.mask, gamma=gamma)
-    return AdvantageOutput(advantages=masked_whiten(returns, m))
+    returns = reinforce_pp_returns(shaped, ctx.mask, gamma=p.gamma)
+    return AdvantageOutput(advantages=masked_whiten(returns, m, unbiased=p.unbiased))
 
 
 # --------------------------------------------------------------------------- PPO
 
 
-@TOKEN_ESTIMATORS.register("ppo", grouped=False)
-def ppo(
-    ctx: AdvantageContext, *, gamma: float = 1.0, lam: float = 0.95, whiten: bool = True
-) -> AdvantageOutput:
+@dataclass
+class PPOParams:
+    """``advantage=ppo``: GAE with a learned critic. gamma=1: rewards are episodic and undiscounted
+    (the outcome reward sits on the last token); lam=0.95 as in the GAE paper and verl/OpenRLHF.
+    The critic fields are read by the trainer's critic (its model, optimizer and value loss)."""
+
+    name: str = "ppo"
+    gamma: float = 1.0
+    lam: float = 0.95
+    whiten: bool = True  # whiten advantages over the batch's valid tokens
+    unbiased: bool = True  # whitening variance: Bessel-corrected (verl) or population (OpenRLHF)
+    vf_coef: float = 0.5  # weight of the value loss
+    critic_lr: float = 1e-5
+    value_clip: float = 0.2  # clip range of the value update (CleanRL clip_vloss)
+    critic_warmup_steps: int = 0  # steps that train only the critic
+    critic_init: str = "policy"  # policy (copy the policy's weights) | random
+
+
+@TOKEN_ESTIMATORS.register("ppo", params=PPOParams, grouped=False, needs=("values",))
+def ppo(ctx: AdvantageContext, p: PPOParams) -> AdvantageOutput:
     """PPO advantages from GAE with a critic.
 
     Shapes: ``ctx.token_rewards``, ``ctx.values``, ``ctx.mask`` ``[B, T]`` ->
     ``advantages`` and ``returns`` ``[B, T]``.
 
     Formula: :func:`harness.algo.gae.gae` (Schulman et al. 2016) with
-    ``gamma``/``lam``; ``returns = A + V`` computed *before* whitening; if
-    ``whiten`` the advantages are whitened over all valid tokens of the batch
-    (Ouyang et al. 2022 / verl ``gae`` convention).
+    ``p.gamma``/``p.lam``; ``returns = A + V`` computed *before* whitening; if
+    ``p.whiten`` the advantages are whitened over all valid tokens of the batch
+    (Ouyang et al. 2022 / verl ``gae`` convention; variance as :func:`reinforce_pp`).
 
     Raises:
         ValueError: ``ctx.values`` is None or mis-shaped; context shape errors;
@@ -227,17 +256,26 @@ def ppo(
     _check_ctx(ctx, "ppo")
     if ctx.values is None:
         raise ValueError("ctx.values must be a [B, T] tensor of critic values for estimator 'ppo'")
-    adv, returns = gae(ctx.token_rewards, ctx.values, ctx.mask, gamma=gamma, lam=lam)
-    if whiten:
-        adv = masked_whiten(adv, _float_mask(ctx))
+    adv, returns = gae(ctx.token_rewards, ctx.values, ctx.mask, gamma=p.gamma, lam=p.lam)
+    if p.whiten:
+        adv = masked_whiten(adv, _float_mask(ctx), unbiased=p.unbiased)
     return AdvantageOutput(advantages=adv, returns=returns)
 
 
 # --------------------------------------------------------------------------- process
 
 
-@TOKEN_ESTIMATORS.register("process", grouped=True)
-def process(ctx: AdvantageContext, *, eps: float = 1e-6, unbiased: bool = True) -> AdvantageOutput:
+@dataclass
+class ProcessParams:
+    """``advantage=process``: GRPO with process supervision (DeepSeekMath sec. 4.1.3)."""
+
+    name: str = "process"
+    eps: float = 1e-6
+    unbiased: bool = True
+
+
+@TOKEN_ESTIMATORS.register("process", params=ProcessParams, grouped=True, needs=("step_rewards",))
+def process(ctx: AdvantageContext, p: ProcessParams) -> AdvantageOutput:
     """GRPO with process supervision (per-step rewards).
 
     Shapes: ``ctx.scores`` ``[P, G]`` (only its shape is used), ``ctx.mask``
@@ -259,8 +297,9 @@ def process(ctx: AdvantageContext, *, eps: float = 1e-6, unbiased: bool = True) 
             step reward; ``G < 2``; ``eps < 0``.
     """
     P, G = _check_ctx(ctx, "process")
+    eps, unbiased = p.eps, p.unbiased
     if eps < 0:
-        raise ValueError(f"eps must be >= 0, got {eps}")
+        raise ValueError(f"advantage.eps must be >= 0, got {eps}")
     steps = ctx.step_rewards
     B, T = ctx.mask.shape
     if steps is None or len(steps) != B:
@@ -312,23 +351,24 @@ def process(ctx: AdvantageContext, *, eps: float = 1e-6, unbiased: bool = True) 
 # --------------------------------------------------------------------------- dispatch
 
 
-def estimate_advantages(name: str, ctx: AdvantageContext, **params) -> AdvantageOutput:
+def estimate_advantages(name: str, ctx: AdvantageContext, params=None, **overrides) -> AdvantageOutput:
     """Run the token-level advantage estimator registered as ``name`` on ``ctx``.
+
+    Args:
+        params: an instance or mapping of the estimator's params dataclass (the trainer passes
+            ``cfg.advantage``); missing fields take the dataclass defaults.
+        overrides: single fields replaced on top (tests: ``estimate_advantages("ppo", ctx, lam=0.8)``).
 
     Shapes: see :class:`AdvantageContext` -> :class:`AdvantageOutput` with
     ``advantages`` ``[B, T]`` (0 at masked positions) and, for ``ppo``,
     ``returns`` ``[B, T]``.
 
     Raises:
-        ValueError: unknown ``name`` (lists valid names); unknown keyword in
-            ``params`` (lists accepted ones); any estimator-specific ValueError.
+        ValueError: unknown ``name`` (lists valid names); a parameter that is not a field of
+            the estimator's params (lists accepted ones); any estimator-specific ValueError.
     """
-    fn = TOKEN_ESTIMATORS.get(name)
-    # ``state`` comes from ``ctx.state``, never from params.
-    check_params(
-        getattr(fn, "__wrapped_outcome__", fn), params, f"estimator {name!r}", exclude={"state"}
-    )
-    return fn(ctx, **params)
+    spec = TOKEN_ESTIMATORS.spec(name)
+    return spec.fn(ctx, spec.build(params, **overrides))
 
 
 __all__ = [
@@ -341,4 +381,8 @@ __all__ = [
     "reinforce_pp_baseline",
     "ppo",
     "process",
+    "ReinforcePPParams",
+    "ReinforcePPBaselineParams",
+    "PPOParams",
+    "ProcessParams",
 ]

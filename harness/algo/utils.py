@@ -104,15 +104,16 @@ def masked_var(
 
 
 def masked_whiten(
-    x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8
+    x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8, unbiased: bool = True
 ) -> Tensor:
     """Whiten ``x`` with statistics over all selected elements (the whole batch).
 
     Shapes: ``x``, ``mask``: ``[B, T]`` (any identical shape) -> ``[B, T]``.
 
-    Formula (verl ``masked_whiten``, unbiased variance):
-    ``(x - mu) / sqrt(var + eps)``; with ``shift_mean=False`` the mean is added
+    Formula: ``(x - mu) / sqrt(var + eps)``; with ``shift_mean=False`` the mean is added
     back, ``(x - mu) / sqrt(var + eps) + mu``. Masked-out positions are set to 0.
+    ``unbiased=True``: Bessel-corrected variance (verl ``masked_whiten``);
+    ``unbiased=False``: population variance (OpenRLHF ``masked_normalize``).
 
     Raises:
         ValueError: if ``mask`` does not have the same shape as ``x`` or ``eps < 0``.
@@ -120,7 +121,7 @@ def masked_whiten(
     if eps < 0:
         raise ValueError(f"eps must be >= 0, got {eps}")
     mu = masked_mean(x, mask)
-    var = masked_var(x, mask, unbiased=True)
+    var = masked_var(x, mask, unbiased=unbiased)
     out = (x - mu) * torch.rsqrt(var + eps)
     if not shift_mean:
         out = out + mu

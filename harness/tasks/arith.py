@@ -89,5 +89,8 @@ class ArithTask(Task):
         return Problem(f"{split}/{index}", q, str(a), {"steps": steps})
 
     def train_problem(self, index: int, seed: int) -> Problem:
-        """Problem ``index`` of the unbounded stream (depends on ``task.seed`` and run ``seed``)."""
+        """Problem ``index`` of the unbounded stream (depends on ``task.seed`` and run ``seed``);
+        with ``task.train_size=N`` the stream cycles over its first N problems."""
+        if self.cfg.train_size:
+            index %= self.cfg.train_size
         return self._make(f"train{seed}", index)
