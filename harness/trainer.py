@@ -116,8 +116,11 @@ class Trainer:
 
     # ------------------------------------------------------------------- rollout
     def _sampling(self) -> SamplingParams:
+        """Training sampling, seeded by (``seed``, data position): each draw of prompts gets its own
+        seed, the same after a resume and whatever ``rollout.batch_size`` or prefix sharing is."""
         r = self.cfg.rollout
-        return SamplingParams(temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens)
+        return SamplingParams(temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens,
+                              seed=self.cfg.seed * 1_000_003 + self.data_pos)
 
     def collect(self):
         """Sample P prompts x G completions and score them (DAPO dynamic sampling if enabled).
@@ -131,10 +134,11 @@ class Trainer:
         for round_ in range(rounds):
             need = P - sum(len(p) for p in kept_problems)
             problems = [self.task.train_problem(self.data_pos + i, cfg.seed) for i in range(need)]
+            sampling = self._sampling()
             self.data_pos += need
             sampled += need
             t0 = time.perf_counter()
-            batch = self.backend.generate([self.task.prompt(p, self.tok) for p in problems], G, self._sampling())
+            batch = self.backend.generate([self.task.prompt(p, self.tok) for p in problems], G, sampling)
             t1 = time.perf_counter()
             rew = compute_rewards(
                 self.task, batch.texts, [p.gold for p in problems for _ in range(G)],
@@ -278,7 +282,8 @@ class Trainer:
         m, rows = evaluate(self.task, self.backend, self.tok, problems,
                            max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
                            num_samples=cfg.eval.num_samples, temperature=cfg.eval.temperature,
-                           batch_size=cfg.eval.batch_size, log_samples=cfg.eval.log_samples)
+                           batch_size=cfg.eval.batch_size, log_samples=cfg.eval.log_samples,
+                           seed=cfg.seed * 1_000_003 + 999_983 * (step + 1))
         if rows:
             self.tracker.log_table(rows, f"samples/eval_step_{step:06d}.json")
         if self.on_eval is not None:

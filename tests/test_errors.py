@@ -101,11 +101,21 @@ def test_bad_model_path_is_a_clear_error(run_dir):
     assert r.returncode == 2 and "model.name_or_path='./no/such/model'" in r.stderr
 
 
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound and released: no fixed port the host may use)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def test_unreachable_tracking_server_fails_before_compute(run_dir):
-    r = _cli("model=tiny", "task=arith", "tracking.uri=http://127.0.0.1:9",
+    url = f"http://127.0.0.1:{_closed_port()}"
+    r = _cli("model=tiny", "task=arith", f"tracking.uri={url}",
              env={"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "3"})
     assert r.returncode == 2
-    assert "tracking store 'http://127.0.0.1:9' is not usable" in r.stderr
+    assert f"tracking store '{url}' is not usable" in r.stderr
     assert "step 1" not in r.stdout + r.stderr
 
 

@@ -15,11 +15,20 @@ import torch
 
 @dataclass
 class SamplingParams:
-    """Sampling settings. ``temperature == 0`` means greedy; ``max_new_tokens`` in tokens."""
+    """Sampling settings. ``temperature == 0`` means greedy; ``max_new_tokens`` in tokens.
+
+    ``seed``: when set, row ``r`` of a ``generate`` call (``r = prompt * n + sample``) draws its
+    tokens from its own generator seeded by ``(seed, r)``, so its completion does not depend on
+    how the rows are split into batches (``rollout.batch_size``), on prefix sharing or on other
+    rows; None uses torch's global generator. ``row_offset`` is the index of this call's first row
+    in a larger logical batch that the caller splits into several calls (evaluation does).
+    """
 
     temperature: float = 1.0
     top_p: float = 1.0
     max_new_tokens: int = 128
+    seed: int | None = None
+    row_offset: int = 0
 
 
 @dataclass

@@ -39,6 +39,31 @@ class _TokenProgress:
         return scores
 
 
+def row_seed(seed: int, row: int) -> int:
+    """The generator seed of row ``row`` of a call seeded with ``seed`` (63-bit, deterministic)."""
+    return (int(seed) * 1_000_003 + int(row) * 7_919 + 1) % (2**63 - 1)
+
+
+class _SeededSampler:
+    """Sampling from ``softmax(logits / T)`` as a per-row seeded exponential race.
+
+    ``argmax_i (l_i / T - log E_i)`` with ``E_i ~ Exp(1)`` i.i.d. is an exact draw from
+    ``softmax(l / T)`` (the Gumbel-max trick: ``-log E`` is Gumbel(0, 1)). Row ``r``'s noise comes
+    from its own ``torch.Generator`` seeded by :func:`row_seed`, one ``[V]`` draw per decoding
+    step, so a row's tokens depend only on its prompt, the weights, the seed and its index. Used
+    as a logits processor under greedy decoding (``do_sample=False``).
+    """
+
+    def __init__(self, seed: int, rows: range, temperature: float, device):
+        self.temperature = temperature
+        self.gens = [torch.Generator(device=device).manual_seed(row_seed(seed, r)) for r in rows]
+
+    def __call__(self, input_ids, scores):
+        noise = torch.stack([torch.empty(scores.shape[1], device=scores.device).exponential_(generator=g)
+                             for g in self.gens])
+        return scores.float() / self.temperature - noise.log()
+
+
 class HFRollout:
     """``generate``-based backend: all prompts x G samples per call, in chunks of ``batch_size``.
 
@@ -77,7 +102,7 @@ class HFRollout:
         was_training = self.model.training
         self.model.eval()
         try:
-            out = [self._generate(rows[i : i + step], num_samples, params) for i in chunks]
+            out = [self._generate(rows[i : i + step], num_samples, params, first_row=i) for i in chunks]
         finally:
             self.model.train(was_training)
         return concat_batches(out, self.tokenizer.pad_token_id)
@@ -101,14 +126,24 @@ class HFRollout:
         return prompt_cache(self.model, ids[first, :-1], mask[first, :-1], torch.tensor(inverse, device=ids.device),
                             logits_to_keep=1)[1]
 
-    def _generate(self, rows: list[str], group_size: int, params: SamplingParams) -> RolloutBatch:
+    def _generate(self, rows: list[str], group_size: int, params: SamplingParams, first_row: int = 0) -> RolloutBatch:
         enc = self.tokenizer(rows, return_tensors="pt", padding=True, add_special_tokens=False)
         enc = {k: v.to(self.model.device) for k, v in enc.items()}
         greedy = params.temperature == 0
-        kwargs = dict(do_sample=False) if greedy else dict(
-            do_sample=True, temperature=params.temperature, top_p=params.top_p, top_k=0
-        )
         from transformers import LogitsProcessorList
+
+        processors = []
+        if greedy:
+            kwargs = dict(do_sample=False)
+        elif params.seed is not None:
+            if params.top_p < 1:
+                raise ValueError(f"top_p={params.top_p}: seeded sampling draws from the full softmax only")
+            kwargs = dict(do_sample=False)
+            first = params.row_offset + first_row
+            processors.append(_SeededSampler(params.seed, range(first, first + len(rows)), params.temperature,
+                                             self.model.device))
+        else:
+            kwargs = dict(do_sample=True, temperature=params.temperature, top_p=params.top_p, top_k=0)
 
         cache = self._shared_prefill(rows, enc) if self.share_prefix else None
         if cache is not None:
@@ -117,7 +152,8 @@ class HFRollout:
                   disable=not self.progress, leave=False) as bar:
             seq = self.model.generate(
                 **enc, max_new_tokens=params.max_new_tokens, pad_token_id=self.tokenizer.pad_token_id,
-                eos_token_id=sorted(self.eos_ids), logits_processor=LogitsProcessorList([_TokenProgress(bar)]),
+                eos_token_id=sorted(self.eos_ids),
+                logits_processor=LogitsProcessorList([*processors, _TokenProgress(bar)]),
                 **kwargs,
             )
         tp = enc["input_ids"].shape[1]
