@@ -132,12 +132,16 @@ def fetch_history(client, run_ids: list[str], runs: pd.DataFrame) -> pd.DataFram
 
 def collect_runs(tracking_uri: str | None = None, experiments: list[str] | None = None,
                  tags: dict[str, str] | None = None, sweep: str | None = None,
-                 include_unfinished: bool = False, verbose: bool = True) -> Collection:
+                 include_unfinished: bool = False, verbose: bool = True,
+                 stale_after_hours: float | None = 6.0) -> Collection:
     """Query MLflow and return a :class:`Collection` of tidy frames.
 
     Only runs whose status is ``FINISHED`` are kept unless ``include_unfinished``; the
     others (FAILED, RUNNING, KILLED, ...) go to ``Collection.skipped`` and are printed.
-    Experiments that do not exist are reported and ignored.
+    Experiments that do not exist are reported and ignored. First, RUNNING runs whose process
+    is gone (this host, dead pid) or whose heartbeat is older than ``stale_after_hours`` are
+    closed as KILLED with the tag ``harness.closed_reason`` (:func:`harness.tracking.close_stale_runs`;
+    None leaves them alone).
     """
     import mlflow
     from mlflow import MlflowClient
@@ -160,6 +164,12 @@ def collect_runs(tracking_uri: str | None = None, experiments: list[str] | None 
             exp_names[str(exp.experiment_id)] = name
     if not exp_names:
         return empty
+    if stale_after_hours is not None:
+        from harness.tracking import close_stale_runs
+
+        running = client.search_runs(list(exp_names), "attributes.status = 'RUNNING'")
+        for run_id, reason in close_stale_runs(client, running, stale_after_hours * 3600):
+            _say(verbose, f"[collect] closed stale run {run_id} as KILLED: {reason}")
     previous = mlflow.get_tracking_uri()
     mlflow.set_tracking_uri(uri)
     try:
@@ -247,6 +257,14 @@ def add_query_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--include-unfinished", action="store_true",
                         help="keep FAILED/RUNNING/KILLED runs instead of skipping them")
     parser.add_argument("--out", default=DEFAULT_OUT, help="output folder (default: results)")
+    parser.add_argument("--stale-after-hours", type=float, default=6.0,
+                        help="close RUNNING runs whose process is gone or whose heartbeat is older than this "
+                             "as KILLED (default 6; a negative value disables)")
+
+
+def stale_hours(args) -> float | None:
+    """``--stale-after-hours`` as :func:`collect_runs` takes it (negative = disabled)."""
+    return None if args.stale_after_hours < 0 else args.stale_after_hours
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -257,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parquet", action="store_true", help="also write .parquet files (needs pyarrow)")
     args = parser.parse_args(argv)
     coll = collect_runs(args.tracking_uri, args.experiment, parse_tags(args.tag), args.sweep,
-                        args.include_unfinished)
+                        args.include_unfinished, stale_after_hours=stale_hours(args))
     for name, path in save_collection(coll, args.out, args.parquet).items():
         print(f"[collect] wrote {path}")
     return 0

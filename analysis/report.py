@@ -22,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis import DEFAULT_BY
-from analysis.collect import Collection, add_query_args, collect_runs, parse_tags, resolve_tracking_uri, \
+from analysis.collect import Collection, add_query_args, collect_runs, parse_tags, stale_hours, resolve_tracking_uri, \
     save_collection
 from analysis.compare import METRICS, parse_variant, run_compare, split_cols
 from analysis.mdtable import format_cell, markdown_table
@@ -165,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--a and --b go together")
     by = split_cols(args.by)
     tags = parse_tags(args.tag)
-    coll = collect_runs(args.tracking_uri, args.experiment, tags, args.sweep, args.include_unfinished)
+    coll = collect_runs(args.tracking_uri, args.experiment, tags, args.sweep, args.include_unfinished,
+                        stale_after_hours=stale_hours(args))
     save_collection(coll, args.out, args.parquet)
     frames = run_compare(coll.runs, coll.history, args.out, by,
                          parse_variant(args.a) if args.a else None, parse_variant(args.b) if args.b else None,

@@ -149,10 +149,10 @@ def train(cfg, on_eval=None, on_step=None) -> float:
     task, tokenizer, policy, critic, backend = build_components(cfg)
     trainer = Trainer(cfg, task, tokenizer, policy, backend, tracker, critic=critic, checkpoint_dir=ckpt_dir,
                       on_eval=on_eval, on_step=on_step)
-    tracker.start(cfg.tracking.run_name, run_id=state["run_id"] if state else None)
-    if state is not None:
+    how = tracker.open(ckpt_dir / "run.json", cfg.tracking.run_name, resume_id=state["run_id"] if state else None)
+    if how == "resumed":
         trainer.load_state_dict(state)
-    else:
+    else:  # a new run, or one adopted from a killed attempt: what it already holds is not sent again
         resolved = OmegaConf.to_container(cfg, resolve=True)
         tracker.log_params(flatten(resolved))
         tracker.set_tags({

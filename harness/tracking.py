@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import logging
 import math
 import os
+import socket
 import subprocess
 import time
+import uuid
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -107,22 +110,100 @@ class Tracker:
                 ) from e
         self.run_id: str | None = None
         self.pending: list = []
+        self.logged: set[tuple[str, int]] = set()  # (key, step) already in the store: never sent twice
+        self._beat = 0.0
 
-    def start(self, run_name: str | None = None, run_id: str | None = None) -> str:
-        """Create a run, or reopen ``run_id`` (resume); returns the run id.
+    def start(self, run_name: str | None = None, run_id: str | None = None, tags: dict | None = None) -> str:
+        """Create a run (with ``tags`` set at creation), or reopen ``run_id``; returns the run id.
+
+        Reopening loads the ``(key, step)`` pairs the run already holds, so nothing is sent twice.
 
         Raises:
             TrackingError: the run cannot be created or ``run_id`` does not exist.
         """
+        identity = {"harness.host": socket.gethostname(), "harness.pid": str(os.getpid()),
+                    "harness.heartbeat": str(int(time.time()))}
         try:
             if run_id:
-                self.run_id = self.client.get_run(run_id).info.run_id
+                run = self.client.get_run(run_id)
+                self.run_id = run.info.run_id
                 self.client.update_run(self.run_id, status="RUNNING")
+                self.set_tags({**identity, **(tags or {})})
+                self.logged = {(key, m.step) for key in run.data.metrics
+                               for m in self.client.get_metric_history(self.run_id, key)}
             else:
-                self.run_id = self.client.create_run(self.experiment_id, run_name=run_name).info.run_id
+                self.run_id = self.client.create_run(self.experiment_id, run_name=run_name,
+                                                     tags={**identity, **(tags or {})}).info.run_id
+                self.logged = set()
         except Exception as e:
             raise TrackingError(f"tracking store {self.uri!r}: cannot open run {run_id or 'new'}: {e}") from e
         return self.run_id
+
+    def open(self, record_path: str | Path, run_name: str | None = None, resume_id: str | None = None,
+             tags: dict | None = None) -> str:
+        """Open the run of one job so that a rerun of the same command finds it again, from the start.
+
+        ``record_path`` (``run.json`` in the job's checkpoint folder) is written atomically
+        *before* the MLflow run is created (a fresh token, also set as the run's
+        ``harness.run_token`` tag at creation) and again once the run id is known, so a kill at
+        any moment leaves a record that leads back to the run:
+
+        * ``resume_id`` (the run a checkpoint names) is reopened: ``"resumed"``;
+        * else a recorded run (by id, or by token when the kill came before the id was written)
+          that is not FINISHED is reopened: ``"adopted"``; the job restarts from its beginning and
+          whatever the run already holds is not sent again;
+        * else a new run is created: ``"new"`` (a finished run is never resumed).
+
+        A recorded run that is left behind while still RUNNING is closed as KILLED with the tag
+        ``harness.superseded_by``. Returns ``"new"``, ``"adopted"`` or ``"resumed"``.
+
+        Raises:
+            TrackingError: the store rejects the run.
+        """
+        record_path = Path(record_path)
+        rec = _read_record(record_path)
+        recorded = self._recorded_run(rec)
+        how, token = "new", uuid.uuid4().hex
+        if resume_id:
+            self.start(run_name, run_id=resume_id, tags=tags)
+            how = "resumed"
+        elif recorded is not None and recorded.info.status != "FINISHED":
+            adopted = int(recorded.data.tags.get("harness.adopted", "0")) + 1
+            self.start(run_name, run_id=recorded.info.run_id, tags={**(tags or {}), "harness.adopted": str(adopted)})
+            log.info("adopting MLflow run %s of a killed attempt (no checkpoint yet)", self.run_id)
+            how = "adopted"
+        else:
+            _write_record(record_path, {"token": token, "run_id": None})
+            self.start(run_name, tags={**(tags or {}), "harness.run_token": token})
+        if how != "new":
+            token = (rec or {}).get("token") or token
+        _write_record(record_path, {"token": token, "run_id": self.run_id})
+        if recorded is not None and recorded.info.run_id != self.run_id and recorded.info.status == "RUNNING":
+            self._call(self.client.set_tag, recorded.info.run_id, "harness.superseded_by", self.run_id)
+            self._call(self.client.set_terminated, recorded.info.run_id, "KILLED")
+        return how
+
+    def _recorded_run(self, rec: dict | None):
+        """The MLflow run a record names (by id, else by its token tag), or None."""
+        if not rec:
+            return None
+        if rec.get("run_id"):
+            try:
+                return self.client.get_run(rec["run_id"])
+            except Exception:
+                return None
+        if rec.get("token"):
+            found = self.client.search_runs([self.experiment_id], f"tags.`harness.run_token` = '{rec['token']}'")
+            return found[0] if found else None
+        return None
+
+    def heartbeat(self, every_s: float = 60.0) -> None:
+        """Set the ``harness.heartbeat`` tag (unix seconds) at most every ``every_s`` seconds, so
+        :func:`close_stale_runs` can tell a live run from one whose process died."""
+        now = time.time()
+        if now - self._beat >= every_s:
+            self._beat = now
+            self._call(self.client.set_tag, self.run_id, "harness.heartbeat", str(int(now)))
 
     # ------------------------------------------------------------------ logging
     def log_params(self, params: dict) -> None:
@@ -139,13 +220,21 @@ class Tracker:
         self._call(self.client.log_batch, self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
 
     def queue(self, metrics: dict, step: int) -> None:
-        """Queue finite metric values at ``step`` (sent by the next :meth:`flush`)."""
+        """Queue finite metric values at ``step`` (sent by the next :meth:`flush`); a ``(key, step)``
+        the run already holds, or already queued, is dropped (exactly once across kills)."""
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        for k, v in metrics.items():
-            if v is not None and math.isfinite(float(v)):
-                self.pending.append(Metric(k, float(v), now, step))
+        self.extend([Metric(k, float(v), now, step) for k, v in metrics.items()
+                     if v is not None and math.isfinite(float(v))])
+
+    def extend(self, metrics: list) -> None:
+        """Queue ``mlflow.entities.Metric`` values, dropping ``(key, step)`` pairs already logged or queued."""
+        queued = {(m.key, m.step) for m in self.pending}
+        for m in metrics:
+            if (m.key, m.step) not in self.logged and (m.key, m.step) not in queued:
+                self.pending.append(m)
+                queued.add((m.key, m.step))
 
     def log_metrics(self, metrics: dict, step: int) -> None:
         """Queue and flush; on failure the values stay queued for the next flush."""
@@ -161,6 +250,7 @@ class Tracker:
             except Exception as e:  # network drop: keep training, retry at the next flush
                 log.warning("MLflow unreachable (%s); %d metric values buffered", e, len(self.pending))
                 return False
+            self.logged.update((m.key, m.step) for m in batch)
             del self.pending[: len(batch)]
         return True
 
@@ -188,3 +278,68 @@ class Tracker:
             return fn(*args, **kwargs)
         except Exception as e:
             log.warning("MLflow call %s failed: %s", getattr(fn, "__name__", fn), e)
+
+
+def _read_record(path: Path) -> dict | None:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _write_record(path: Path, rec: dict) -> None:
+    """Write the run record atomically (temp file + rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(rec))
+    os.replace(tmp, path)
+
+
+def _process_alive(pid: int) -> bool:
+    """True if ``pid`` is a live harness process on this host (a reused pid of another program is not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return True
+    return b"harness" in cmdline or b"pytest" in cmdline
+
+
+def close_stale_runs(client, runs, stale_after_s: float = 6 * 3600, now: float | None = None) -> list[tuple[str, str]]:
+    """Close RUNNING runs whose process is gone: KILLED, with the tag ``harness.closed_reason``.
+
+    A run is stale when its ``harness.host`` is this machine and its ``harness.pid`` is not a
+    live harness process, or when its ``harness.heartbeat`` (set every step, at most once a
+    minute) is older than ``stale_after_s``. Runs without these tags (older harness versions)
+    are judged by their start time against ``stale_after_s``.
+
+    Args:
+        client: an ``MlflowClient``; runs: ``mlflow.entities.Run`` objects.
+    Returns:
+        ``[(run_id, reason)]`` for each run closed.
+    """
+    now = time.time() if now is None else now
+    host = socket.gethostname()
+    closed = []
+    for run in runs:
+        if run.info.status != "RUNNING":
+            continue
+        tags = run.data.tags
+        reason = None
+        pid = tags.get("harness.pid")
+        if tags.get("harness.host") == host and pid and pid.isdigit() and not _process_alive(int(pid)):
+            reason = f"process {pid} on {host} is gone (killed); no rerun adopted the run"
+        else:
+            beat = float(tags.get("harness.heartbeat") or (run.info.start_time or 0) / 1000)
+            if now - beat > stale_after_s:
+                reason = f"no heartbeat for {(now - beat) / 3600:.1f} h (stale after {stale_after_s / 3600:.1f} h)"
+        if reason:
+            client.set_tag(run.info.run_id, "harness.closed_reason", reason)
+            client.set_terminated(run.info.run_id, "KILLED")
+            closed.append((run.info.run_id, reason))
+    return closed

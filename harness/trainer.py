@@ -312,6 +312,7 @@ class Trainer:
                 m.update(self.run_eval(step))
             history[step] = m
             self.tracker.queue(m, step=step)
+            self.tracker.heartbeat()
             for warning in self.health.check(step, m):
                 log.warning("%s", warning.message)
                 self.tracker.set_tags({warning.tag: warning.message})
@@ -372,14 +373,12 @@ class Trainer:
         """Send the metrics a checkpoint holds unless MLflow already has them (exactly once).
 
         A run killed between writing a checkpoint and flushing its metrics would otherwise
-        miss those steps; one killed after the flush would log them twice on resume.
+        miss those steps; one killed after the flush would log them twice on resume. The tracker
+        drops every ``(key, step)`` the run already holds.
         """
         from mlflow.entities import Metric
 
-        logged = {step for step, _ in self.tracker.metric_history("time/step_s")}
-        logged |= {step for step, _ in self.tracker.metric_history("eval/accuracy")}
-        todo = [Metric(k, v, ts, st) for k, v, ts, st in pending if st not in logged]
-        self.tracker.pending.extend(todo)
+        self.tracker.extend([Metric(k, v, ts, st) for k, v, ts, st in pending])
         self.tracker.flush()
 
 

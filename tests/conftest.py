@@ -113,3 +113,12 @@ def dense_rewards(monkeypatch):
         return model
 
     monkeypatch.setattr(run_mod, "build_policy", build)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Print what the kill-at-any-moment test measured (number of kills, the window each hit)."""
+    import sys
+
+    mod = sys.modules.get("tests.test_kill_anytime") or sys.modules.get("test_kill_anytime")
+    for line in getattr(mod, "REPORT", []) or []:
+        terminalreporter.write_line(f"kill-anytime: {line}")

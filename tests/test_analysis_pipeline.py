@@ -24,7 +24,23 @@ def store(tmp_path_factory):
     root = tmp_path_factory.mktemp("mlflow")
     uri = f"sqlite:///{root / 'mlflow.db'}"
     ids = build_synthetic_store(uri, str(root / "artifacts"))
+    _mark_live(uri, ids["RUNNING"])  # a run in progress: collect must leave it RUNNING
     return {"uri": uri, "ids": ids}
+
+
+def _mark_live(uri, run_ids):
+    """Give runs the identity of a live process (this pytest) and a fresh heartbeat."""
+    import os
+    import socket
+    import time
+
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    for rid in run_ids:
+        for k, v in {"harness.host": socket.gethostname(), "harness.pid": str(os.getpid()),
+                     "harness.heartbeat": str(int(time.time()))}.items():
+            client.set_tag(rid, k, v)
 
 
 @pytest.fixture(scope="session")
@@ -68,7 +84,7 @@ def test_collect_history_frame(coll):
 def test_collect_skips_and_reports_unfinished(store, capsys):
     from analysis.collect import collect_runs
 
-    coll = collect_runs(store["uri"])
+    coll = collect_runs(store["uri"])  # the RUNNING run is live (fixture): left alone
     out = capsys.readouterr().out
     assert set(coll.skipped["run_id"]) == set(store["ids"]["FAILED"] + store["ids"]["RUNNING"])
     assert set(coll.skipped["status"]) == {"FAILED", "RUNNING"}
@@ -77,6 +93,37 @@ def test_collect_skips_and_reports_unfinished(store, capsys):
         assert rid in out and rid not in set(coll.history["run_id"])
     incl = collect_runs(store["uri"], include_unfinished=True, verbose=False)
     assert len(incl.runs) == 10 and set(incl.runs["status"]) == {"FINISHED", "FAILED", "RUNNING"}
+
+
+def test_collect_closes_stale_running_runs(tmp_path, capsys):
+    """A RUNNING run that started long ago with no heartbeat, and one whose process on this host
+    is gone, are closed as KILLED with the reason; a live one stays RUNNING."""
+    import socket
+    import subprocess
+    import sys
+
+    from mlflow import MlflowClient
+
+    from analysis.collect import collect_runs
+    from analysis.synthetic import build_synthetic_store
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    (old,) = build_synthetic_store(uri, str(tmp_path / "artifacts"))["RUNNING"]
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("grpo-harness").experiment_id
+    dead_pid = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    dead = client.create_run(exp, tags={"harness.host": socket.gethostname(), "harness.pid": dead_pid}).info.run_id
+    live = client.create_run(exp).info.run_id
+    _mark_live(uri, [live])
+    coll = collect_runs(uri)
+    out = capsys.readouterr().out
+    assert f"closed stale run {old} as KILLED: no heartbeat" in out
+    assert f"closed stale run {dead} as KILLED: process {dead_pid}" in out
+    for rid, why in ((old, "no heartbeat"), (dead, "is gone")):
+        run = client.get_run(rid)
+        assert run.info.status == "KILLED" and why in run.data.tags["harness.closed_reason"]
+    assert client.get_run(live).info.status == "RUNNING" and live in set(coll.skipped["run_id"])
 
 
 def test_collect_filters(store, monkeypatch, capsys):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import typing
 from functools import lru_cache
 from pathlib import Path
@@ -308,7 +309,9 @@ def test_checked_knob(key, tmp_path, monkeypatch):
 
 # ---------------------------------------------------------------------------- own set-ups
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+def _data(task: str) -> Path:
+    """The local copy of a data set (tests/conftest.py sets the variables)."""
+    return Path(os.environ[{"gsm8k": "HARNESS_GSM8K_DIR", "math": "HARNESS_MATH_DIR"}[task]])
 
 
 def check_max_bad_steps(key, tmp_path, monkeypatch):
@@ -372,7 +375,7 @@ def _small_copy(task: str, folder: Path, skip: int = 0) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     files = {"gsm8k": ("train.jsonl", "test.jsonl"), "math": ("train.jsonl", "math500_test.jsonl")}[task]
     for name in files:
-        _write_jsonl(folder / name, _head(SHARED / task / name, 6, skip))
+        _write_jsonl(folder / name, _head(_data(task) / name, 6, skip))
     return folder
 
 
@@ -396,12 +399,12 @@ def check_hub_ids(key, tmp_path, monkeypatch):
     monkeypatch.delenv("HARNESS_MATH_DIR", raising=False)
     task, field = key.split("/")[1].split(".")
     calls = []
-    math_rows = _head(SHARED / "math" / "math500_test.jsonl", 6)
+    math_rows = _head(_data("math") / "math500_test.jsonl", 6)
 
     def fake_load(name, config=None, split=None, **kw):
         calls.append((name, config, split))
         if task == "gsm8k":
-            return datasets.Dataset.from_list(_head(SHARED / "gsm8k" / f"{split}.jsonl", 6))
+            return datasets.Dataset.from_list(_head(_data("gsm8k") / f"{split}.jsonl", 6))
         rows = [{"problem": r["problem"], "solution": r["solution"], "level": f"Level {r['level']}",
                  "type": r["subject"]} for r in math_rows] if config else math_rows
         return datasets.Dataset.from_list(rows)

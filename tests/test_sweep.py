@@ -175,3 +175,51 @@ def test_missing_sweep_file_and_bad_override(sweep_dir, capsys):
     assert "'train.lr' is not a key=value override" in capsys.readouterr().err
     assert sw.main([str(SMOKE), "beta=0.1"]) == 2
     assert "params.beta: also set on the command line" in capsys.readouterr().err
+
+
+@pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")
+def test_killed_sweep_worker_trial_retry_adopts_its_mlflow_run(sweep_dir):
+    """A real sweep worker SIGKILLed after its trial's MLflow run exists: the retry (same trial
+    checkpoint folder, hence the same run record) continues that run; the experiment ends with
+    one FINISHED run for the trial, every metric once."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from mlflow.tracking import MlflowClient
+
+    path = _write(sweep_dir, "kill.yaml", study_name="kill", n_trials=1, pruner="none",
+                  heartbeat={"interval": 1, "grace_period": 2, "max_retry": 2},
+                  overrides=yaml.safe_load(SMOKE.read_text())["overrides"] + ["train.steps=4", "eval.every=2",
+                                                                                "checkpoint.every=1"])
+    cmd = [sys.executable, "-m", "harness.sweep", path, "train.threads=1"]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(cmd, cwd=sweep_dir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    import json
+
+    db, deadline = sweep_dir / "mlflow.db", time.time() + 300
+    client = None
+    while True:  # wait until the trial's MLflow run holds its step-0 eval, then kill
+        assert proc.poll() is None and time.time() < deadline, "the sweep ended before it could be killed"
+        recs = list((sweep_dir / "checkpoints" / "sweeps" / "kill").glob("trial0-*/run.json"))
+        if recs and json.loads(recs[0].read_text()).get("run_id"):  # the store exists once a run does
+            client = client or MlflowClient(f"sqlite:///{db}")
+            killed = json.loads(recs[0].read_text())["run_id"]
+            if "eval/accuracy" in client.get_run(killed).data.metrics:
+                exp = client.get_experiment_by_name("grpo-harness")
+                break
+        time.sleep(0.2)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    time.sleep(3)  # past the heartbeat grace period: the next worker retries the trial
+    done = subprocess.run(cmd, cwd=sweep_dir, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    runs = client.search_runs([exp.experiment_id])
+    assert [r.info.run_id for r in runs] == [killed] and runs[0].info.status == "FINISHED"
+    for key in ("eval/accuracy", "train/reward_mean", "train/loss"):
+        steps = [m.step for m in client.get_metric_history(killed, key)]
+        assert sorted(steps) == sorted(set(steps)) and len(steps) == (3 if key.startswith("eval") else 4), (key, steps)
+    trials = _study(sweep_dir, "kill").trials
+    assert trials[-1].user_attrs["mlflow_run_id"] == killed

@@ -1,0 +1,148 @@
+"""A kill at any moment leaves no orphaned run and no duplicated metric.
+
+Each try starts the job as a user would (``python -m harness.run ...``), SIGKILLs it after a
+random delay anywhere in its lifetime (imports, startup, the first eval, a step, a checkpoint
+write, a metric flush, the final eval), reruns the same command to completion and compares the
+MLflow experiment with an uninterrupted run of the same job: one run, FINISHED, every metric
+logged exactly once at the same steps with the same values. The window each kill hit is read
+from what it left behind and printed in the test summary.
+
+``HARNESS_KILL_TRIES`` sets the number of kills (default 5 in the suite).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ARGS = ["model=tiny", "task=arith", "train.steps=4", "train.prompts_per_step=2", "group_size=4",
+        "rollout.max_new_tokens=10", "eval.size=4", "eval.every=2", "checkpoint.every=1",
+        "rollout.progress=false", "train.threads=1", "train.lr=1e-3", "task.format_reward=0.5", "beta=0.1"]
+REPORT: list[str] = []  # printed by tests/conftest.py's terminal summary
+
+
+def _cmd(d: Path):
+    return [sys.executable, "-m", "harness.run", *ARGS, f"checkpoint.dir={d}/ckpt",
+            f"tracking.uri=sqlite:///{d}/mlflow.db", f"hydra.run.dir={d}/out"]
+
+
+def _env():
+    return dict(os.environ, PYTHONUNBUFFERED="1")
+
+
+def _runs(d: Path):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{d}/mlflow.db")
+    exp = client.get_experiment_by_name("grpo-harness")
+    return client, (client.search_runs([exp.experiment_id]) if exp else [])
+
+
+def _history(d: Path) -> dict:
+    """``{key: [(step, value), ...]}`` of the experiment's only run, times and speeds excluded."""
+    client, runs = _runs(d)
+    assert len(runs) == 1, f"expected one MLflow run in the experiment, found {len(runs)}"
+    (run,) = runs
+    assert run.info.status == "FINISHED", run.info.status
+    return {k: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, k))
+            for k in run.data.metrics if not k.startswith(("time/", "perf/tokens_per_s", "perf/peak"))}
+
+
+def _window(d: Path) -> str:
+    """Where the kill landed, from what it left: the run record, checkpoints, logged metrics."""
+    rec = d / "ckpt" / "run.json"
+    ckpts = sorted((d / "ckpt").glob("step_*.pt")) if (d / "ckpt").is_dir() else []
+    if not rec.exists():
+        return "startup (no MLflow run yet)"
+    if json.loads(rec.read_text()).get("run_id") is None:
+        return "between the run record and the MLflow run"
+    if not ckpts:
+        _, runs = _runs(d)
+        n = len(runs[0].data.metrics) if runs else 0
+        return f"before the first checkpoint ({'step-0 eval logged' if n > 2 else 'no eval logged'})"
+    return f"after checkpoint {ckpts[-1].stem}"
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    d = tmp_path_factory.mktemp("reference")
+    t0 = time.monotonic()
+    subprocess.run(_cmd(d), cwd=d, env=_env(), check=True, capture_output=True, timeout=600)
+    return _history(d), time.monotonic() - t0
+
+
+def test_random_kills_leave_one_run_with_every_metric_once(reference, tmp_path):
+    ref, wall = reference
+    assert [s for s, _ in ref["train/reward_mean"]] == [1, 2, 3, 4]
+    assert [s for s, _ in ref["eval/accuracy"]] == [0, 2, 4]
+    tries = int(os.environ.get("HARNESS_KILL_TRIES", "5"))
+    rng = random.Random(os.environ.get("HARNESS_KILL_SEED"))
+    windows = []
+    for i in range(tries):
+        d = tmp_path / f"try{i}"
+        d.mkdir()
+        delay = rng.uniform(0.2, wall)
+        proc = subprocess.Popen(_cmd(d), cwd=d, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            proc.wait(timeout=delay)
+            windows.append(f"{delay:5.1f} s: finished before the kill")
+            continue  # a finished job is never resumed: nothing to rerun
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=60)
+        windows.append(f"{delay:5.1f} s: {_window(d)}")
+        rerun = subprocess.run(_cmd(d), cwd=d, env=_env(), capture_output=True, text=True, timeout=600)
+        assert rerun.returncode == 0, rerun.stderr[-3000:]
+        got = _history(d)
+        assert got.keys() == ref.keys(), (windows[-1], set(got) ^ set(ref))
+        for key in ref:
+            assert [s for s, _ in got[key]] == [s for s, _ in ref[key]], (windows[-1], key, got[key])
+            assert [v for _, v in got[key]] == pytest.approx([v for _, v in ref[key]], rel=1e-6, abs=1e-9), \
+                (windows[-1], key)
+    REPORT.append(f"{tries} kills (uninterrupted run {wall:.1f} s):\n    " + "\n    ".join(windows))
+
+
+def test_adopting_a_run_created_before_its_id_was_recorded(tmp_path):
+    """A kill between creating the MLflow run and writing its id: the record's token finds it."""
+    from harness.tracking import Tracker, _write_record
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    record = tmp_path / "ckpt" / "run.json"
+    _write_record(record, {"token": "abc", "run_id": None})
+    first = Tracker(uri, "grpo-harness")
+    orphan = first.start("job", tags={"harness.run_token": "abc"})  # the killed attempt got this far
+    first.log_metrics({"eval/accuracy": 0.5}, step=0)
+    second = Tracker(uri, "grpo-harness")
+    assert second.open(record, "job") == "adopted" and second.run_id == orphan
+    assert json.loads(record.read_text()) == {"token": "abc", "run_id": orphan}
+    second.log_metrics({"eval/accuracy": 0.25, "eval/format_rate": 1.0}, step=0)  # 0.5 is kept, not doubled
+    client, runs = _runs(tmp_path)
+    assert [(m.step, m.value) for m in client.get_metric_history(orphan, "eval/accuracy")] == [(0, 0.5)]
+    assert len(runs) == 1 and runs[0].data.tags["harness.adopted"] == "1"
+
+
+def test_a_finished_run_is_never_adopted_and_a_left_over_running_run_is_closed(tmp_path):
+    from harness.tracking import Tracker
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    record = tmp_path / "run.json"
+    t = Tracker(uri, "grpo-harness")
+    assert t.open(record, "job") == "new"
+    done = t.run_id
+    t.end("FINISHED")
+    t2 = Tracker(uri, "grpo-harness")
+    assert t2.open(record, "job") == "new" and t2.run_id != done  # the same command starts a new run
+    left = t2.run_id
+    t3 = Tracker(uri, "grpo-harness")
+    assert t3.open(record, "job", resume_id=done) == "resumed"  # resume= another run's checkpoint
+    client, _ = _runs(tmp_path)
+    gone = client.get_run(left)
+    assert gone.info.status == "KILLED" and gone.data.tags["harness.superseded_by"] == done
