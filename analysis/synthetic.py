@@ -71,7 +71,7 @@ def _run_payload(est: str, g: int, seed: int, sweep: str | None, steps=STEPS):
         for key, value in {"final/eval_accuracy": final_acc, "final/peak_mem_bytes": peak,
                            "final/step_time_s_mean": step_s, "final/wall_time_s": step_s * last}.items():
             m(key, value, last)
-    params = {"advantage.name": est, "group_size": g, "epsilon": 0.2, "beta": 0.04, "kl.form": "k3",
+    params = {"advantage.name": est, "group_size": g, "policy_loss.epsilon": 0.2, "beta": 0.04, "kl.form": "k3",
               "loss_agg": "token_mean", "seed": seed, "task.name": "gsm8k", "model.name_or_path": "tiny",
               "train.lr": 1e-6, "rollout.max_new_tokens": 256, "eval.num_samples": 4}
     tags = {"estimator": est, "group_size": str(g), "task": "gsm8k", "model": "tiny",

@@ -32,7 +32,7 @@ def main(argv=None) -> None:
     p_ids, c_ids = torch.randint(3, 40000, (B, Tp), generator=g), torch.randint(3, 40000, (B, Tc), generator=g)
     tb = TrainBatch(p_ids, torch.ones(B, Tp, dtype=torch.long), c_ids, torch.ones(B, Tc, dtype=torch.long),
                     torch.ones(B, Tc))
-    s = compose(["epsilon=0.2", "beta=0.0", "loss_agg=token-mean", "rollout.temperature=1.0",
+    s = compose(["policy_loss.epsilon=0.2", "beta=0.0", "loss_agg=token-mean", "rollout.temperature=1.0",
                  "train.logprob_chunk=64", "train.share_prefix=false"])
     base = None
     for mode in ("fp32", "autocast-bf16", "bf16-weights"):

@@ -19,10 +19,10 @@ import time
 
 import torch
 
-from harness.algo import AdvantageContext, estimate_advantages
-from harness.logprobs import ValueModel
+from harness.algo import TOKEN_ESTIMATORS, AdvantageContext, estimate_advantages
+from harness.critic import Critic, ValueModel
 from harness.sweep import compose
-from harness.update import TrainBatch, batched_logprobs, batched_values, critic_pass, policy_pass
+from harness.update import TrainBatch, batched_logprobs, policy_pass
 
 SHAPES = {  # architecture only (public config.json values); weights are random
     "tiny": dict(vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -70,9 +70,13 @@ def run_one(shape, estimator, args):
     policy = LlamaForCausalLM(cfg).to(dev, dtype)
     policy.generation_config.pad_token_id = 2
     ref = copy.deepcopy(policy).eval().requires_grad_(False)
-    critic = ValueModel(copy.deepcopy(policy)).to(dev, dtype) if estimator == "ppo" else None
+    s = compose(["policy_loss.epsilon=0.2", "beta=0.04", "kl.form=k3", "kl.placement=loss", "loss_agg=token-mean",
+                 "rollout.temperature=1.0", f"train.logprob_chunk={args.chunk}", "train.share_prefix=false",
+                 f"advantage={estimator}"] + (["critic.lr=1e-6"] if "values" in TOKEN_ESTIMATORS.spec(estimator).needs
+                                              else []))
+    needs_values = "values" in TOKEN_ESTIMATORS.spec(estimator).needs
+    critic = Critic(s, ValueModel(copy.deepcopy(policy)).to(dev, dtype)) if needs_values else None
     opt = torch.optim.AdamW(policy.parameters(), lr=1e-6)
-    copt = torch.optim.AdamW(critic.parameters(), lr=1e-6) if critic is not None else None
     P, G, Tp, Tc, mb = args.prompts, args.group_size, args.prompt_tokens, args.new_tokens, args.micro_batch
     B = P * G
     prompts = torch.randint(3, cfg.vocab_size, (P, Tp), device=dev).repeat_interleave(G, 0)
@@ -91,7 +95,7 @@ def run_one(shape, estimator, args):
     t0 = time.perf_counter()
     kw = dict(temperature=1.0, chunk=args.chunk, micro_batch_size=mb)
     refl = batched_logprobs(ref, prompts, pmask, comp, cmask, **kw)
-    values = batched_values(critic, prompts, pmask, comp, cmask, mb) if critic is not None else None
+    values = critic.values(prompts, pmask, comp, cmask, mb) if critic is not None else None
     _sync(dev)
     times["logprob_s"] = time.perf_counter() - t0
     rewards = torch.randint(0, 2, (B,), device=dev).float()
@@ -101,12 +105,8 @@ def run_one(shape, estimator, args):
     adv = estimate_advantages(estimator, ctx)
     t0 = time.perf_counter()
     tb = TrainBatch(prompts, pmask, comp, cmask, adv.advantages, None, refl, values, adv.returns)
-    s = compose(["epsilon=0.2", "beta=0.04", "kl.form=k3", "kl.placement=loss", "loss_agg=token-mean",
-                 "rollout.temperature=1.0", f"train.logprob_chunk={args.chunk}", "train.share_prefix=false"])
     if critic is not None:
-        copt.zero_grad()
-        critic_pass(critic, tb, 0.2, 0.5, mb)
-        copt.step()
+        critic.update(tb, mb)
     opt.zero_grad()
     policy_pass(policy, tb, s, mb)
     opt.step()
@@ -117,7 +117,7 @@ def run_one(shape, estimator, args):
            "batch": B, "prompt_tokens": Tp, "new_tokens": Tc, **{k: round(v, 3) for k, v in times.items()},
            "step_s": round(sum(times.values()), 3), "peak_mem_gib": round(_peak(dev) / 2**30, 3),
            "rollout_tok_per_s": round(B * Tc / times["rollout_s"], 1)}
-    del policy, ref, critic, opt, copt
+    del policy, ref, critic, opt
     if dev == "cuda":
         torch.cuda.empty_cache()
     return row

@@ -88,7 +88,7 @@ def rollout_rates(model, tok, prompts, num_samples, new_tokens, order=("bare", "
 
 def _settings(share_prefix=False, chunk=64):
     """The run config the loss reads: GRPO token-mean, beta 0, the given chunk and prefix sharing."""
-    return compose(["epsilon=0.2", "beta=0.0", "loss_agg=token-mean", "rollout.temperature=1.0",
+    return compose(["policy_loss.epsilon=0.2", "beta=0.0", "loss_agg=token-mean", "rollout.temperature=1.0",
                     f"train.logprob_chunk={chunk}", f"train.share_prefix={str(share_prefix).lower()}"])
 
 

@@ -100,10 +100,10 @@ def compose_cfg(settings: dict):
         "preset=arith_cpu", f"task={s['task']}", *model, f"advantage={s['advantage']}", "loss_agg=token-mean", "mu=1",
         f"group_size={s['group_size']}", f"train.prompts_per_step={s['prompts']}",
         f"rollout.max_new_tokens={s['max_new_tokens']}", f"rollout.temperature={s['temperature']}",
-        f"rollout.top_p={s['top_p']}", f"beta={s['beta']}", f"epsilon={s['epsilon']}", f"train.lr={s['lr']}",
+        f"rollout.top_p={s['top_p']}", f"beta={s['beta']}", f"policy_loss.epsilon={s['epsilon']}", f"train.lr={s['lr']}",
         f"train.max_grad_norm={s['max_grad_norm']}", f"train.micro_batch_size={s['micro_batch_size']}",
         f"train.threads={s['threads']}", f"seed={s['seed']}", "rollout.batch_size=0", "rollout.progress=false",
-        "checkpoint.every=0", "train.dynamic_sampling=false", "train.warmup_steps=0", "train.lr_schedule=constant",
+        "checkpoint.every=0", "group_filter=none", "train.warmup_steps=0", "train.lr_schedule=constant",
         *s.get("overrides", ()),
     ]
     register_configs()

@@ -121,6 +121,9 @@ class KLConfig:
     """KL(pi || pi_ref) estimator (Schulman 2020: k1, k2, k3) and where it enters."""
 
     form: str = "k3"
+    controller: str = "fixed"  # fixed: beta throughout | adaptive: beta follows target (Ziegler et al. 2019)
+    target: float = 0.1  # adaptive only: the per-token KL beta is steered to (verl kl_ctrl.target_kl)
+    horizon: int = 10000  # adaptive only: samples over which beta may change by ~e^0.2 (verl kl_ctrl.horizon)
     # bound on the per-token estimate, [-clamp, clamp] (verl low_var_kl and OpenRLHF clamp to 10;
     # k3 also bounds log r to +-20 first); None = no clamp
     clamp: Optional[float] = None
@@ -148,8 +151,6 @@ class TrainConfig:
     max_grad_norm: float = 1.0
     lr_schedule: str = "constant"  # constant | linear | cosine
     warmup_steps: int = 0
-    dynamic_sampling: bool = False  # DAPO: drop groups with equal rewards, resample
-    dynamic_sampling_max_rounds: int = 3
     logprob_chunk: int = 64  # tokens per lm_head chunk (memory: chunk x vocab floats)
     share_prefix: bool = True  # training forwards run each group's prompt once (exact; fewer tokens)
     max_bad_steps: int = 5  # consecutive non-finite steps before stopping
@@ -182,6 +183,9 @@ class CheckpointConfig:
     keep: int = 1
 
 
+from harness.critic import CriticConfig  # noqa: E402  (the critic component's own node)
+
+
 @dataclass
 class Config:
     """A whole run. Top-level keys are the ablation knobs named in the papers."""
@@ -192,16 +196,16 @@ class Config:
     advantage: Any = MISSING
     seed: int = 0
     group_size: int = 8  # G: completions per prompt
-    epsilon: float = 0.2  # PPO clip range (low side; also high unless epsilon_high)
-    epsilon_high: Optional[float] = None  # DAPO clip-higher
-    dual_clip: Optional[float] = None  # dual-clip constant c > 1 (Ye et al. 2020)
-    ratio_level: str = "token"  # token | sequence (GSPO)
+    policy_loss: Any = MISSING  # a POLICY_LOSSES params node: policy_loss=ppo_clip, gspo, cispo, ...
+    group_filter: Any = MISSING  # a GROUP_FILTERS params node: group_filter=none | dapo (dynamic sampling)
+    top_entropy_quantile: float = 1.0  # keep the policy loss on the top q of tokens by entropy (1 = all)
     beta: float = 0.04  # KL coefficient
     kl: KLConfig = field(default_factory=KLConfig)
     loss_agg: Any = MISSING  # a LOSS_AGGREGATIONS params node: loss_agg=token-mean, ...
     entropy_coef: float = 0.0
     mu: int = 1  # policy iterations per rollout batch
     overlong: OverlongConfig = field(default_factory=OverlongConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)  # read only when the estimator needs values
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
@@ -220,17 +224,18 @@ def group_schemas() -> dict:
     The advantage and loss-aggregation options come from the algo registries, so a registered
     variant is selectable (``advantage=<name>``) without a yaml file.
     """
-    from harness.algo import LOSS_AGGREGATIONS, TOKEN_ESTIMATORS
+    from harness.algo import GROUP_FILTERS, LOSS_AGGREGATIONS, POLICY_LOSSES, TOKEN_ESTIMATORS
 
     return {"task": TASK_SCHEMAS, "advantage": dict(TOKEN_ESTIMATORS.schemas()),
-            "loss_agg": dict(LOSS_AGGREGATIONS.schemas()), "rollout": ROLLOUT_SCHEMAS}
+            "policy_loss": dict(POLICY_LOSSES.schemas()), "loss_agg": dict(LOSS_AGGREGATIONS.schemas()),
+            "group_filter": dict(GROUP_FILTERS.schemas()), "rollout": ROLLOUT_SCHEMAS}
 
 
 def register_configs() -> None:
     """Store every schema in Hydra's ConfigStore.
 
-    ``config_schema`` is the root; each option of the ``task``, ``advantage``, ``loss_agg`` and
-    ``rollout`` groups is stored under its own name, so ``advantage=rloo`` selects the RLOO
+    ``config_schema`` is the root; each option of the ``task``, ``advantage``, ``policy_loss``,
+    ``loss_agg``, ``group_filter`` and ``rollout`` groups is stored under its own name, so ``advantage=rloo`` selects the RLOO
     params node directly (its defaults are the dataclass's). ``model/model_schema`` is the base of
     the model presets in ``conf/model/``.
     """

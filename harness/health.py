@@ -43,7 +43,7 @@ CHECKS = (
           "almost every group has equal rewards, so group-baseline advantages are 0 and the step learns nothing"),
     Check("train/kl", lambda v: v > 1.0, "> 1.0", "beta / train.lr",
           "the policy has moved far from the reference"),
-    Check("train/ratio_mean", lambda v: not 0.5 <= v <= 2.0, "outside [0.5, 2.0]", "train.lr / mu / epsilon",
+    Check("train/ratio_mean", lambda v: not 0.5 <= v <= 2.0, "outside [0.5, 2.0]", "train.lr / mu / policy_loss.epsilon",
           "the importance ratio left the trust region"),
     Check("train/grad_norm", lambda v: v > 100.0, "> 100", "train.lr / train.max_grad_norm",
           "the gradient norm (before clipping) is exploding"),

@@ -13,12 +13,11 @@ again in backward).
 
 from __future__ import annotations
 
-import functools
-import inspect
-
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
+
+from harness.kv import cache_kwarg, prompt_cache, prompt_groups
 
 
 def build_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask):
@@ -39,56 +38,6 @@ def build_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask):
 def backbone(model):
     """The transformer body of a ``*ForCausalLM`` (``model.model`` for Llama/Qwen)."""
     return model.get_decoder() if hasattr(model, "get_decoder") else model.base_model
-
-
-def prompt_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows that share the same prompt (a GRPO group repeats its prompt G times).
-
-    Args:
-        prompt_ids, prompt_mask: ``[B, Tp]`` left-padded.
-    Returns:
-        ``(first [U], inverse [B])``: ``first[u]`` is the first row holding unique prompt ``u``;
-        row ``b`` holds prompt ``inverse[b]`` (so ``prompt_ids[first][inverse] == prompt_ids``).
-    """
-    key = torch.cat([prompt_ids, prompt_mask.to(prompt_ids.dtype)], dim=1)
-    _, inverse = torch.unique(key, dim=0, return_inverse=True)
-    rows = torch.arange(len(inverse), device=inverse.device)
-    first = torch.full((int(inverse.max()) + 1,), len(inverse), dtype=torch.long, device=inverse.device)
-    first = first.scatter_reduce(0, inverse, rows, reduce="amin")
-    return first, inverse
-
-
-def prompt_cache(module, prompt_ids, prompt_mask, rows, **kwargs):
-    """Run ``module`` once over distinct prompts and gather its key/value cache to ``rows``.
-
-    Shared by the rollout prefill (:class:`harness.rollout.hf.HFRollout`) and the training
-    forward (:func:`shared_prefix_hidden`). Positions are ``cumsum(mask) - 1``, as in
-    :func:`build_inputs` and transformers ``generate``.
-
-    Args:
-        module: a transformers model or backbone accepting ``use_cache``.
-        prompt_ids, prompt_mask: ``[U, Tp]`` left-padded distinct prompts.
-        rows: ``[B]`` long tensor, the prompt of each output row (gradients sum over repeats).
-        **kwargs: passed to ``module`` (e.g. ``logits_to_keep=1``).
-    Returns:
-        ``(output, cache)``: the module output over the U prompts and a transformers ``Cache``
-        of B rows, or ``None`` for the cache when the module returns none that is batch-selectable.
-    """
-    mask = prompt_mask.long()
-    pos = (mask.cumsum(dim=1) - 1).clamp(min=0)
-    out = module(input_ids=prompt_ids, attention_mask=mask, position_ids=pos, use_cache=True, **kwargs)
-    cache = out.cache if getattr(out, "cache", None) is not None else out.past_key_values
-    if not hasattr(cache, "batch_select_indices"):
-        return out, None
-    cache.batch_select_indices(rows)
-    return out, cache
-
-
-@functools.cache
-def cache_kwarg(module_type: type) -> str:
-    """The name ``module_type.forward`` takes a cache under: ``cache`` (transformers >= 5.2x)
-    or ``past_key_values`` (earlier)."""
-    return "cache" if "cache" in inspect.signature(module_type.forward).parameters else "past_key_values"
 
 
 def completion_hidden(model, prompt_ids, prompt_mask, completion_ids, completion_mask, *, share_prefix: bool = False):
@@ -193,27 +142,3 @@ def token_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_ma
         logps.append(lp)
         ents.append(en)
     return torch.cat(logps, dim=1), torch.cat(ents, dim=1)
-
-
-class ValueModel(torch.nn.Module):
-    """Critic for PPO: a causal LM body with a scalar value head.
-
-    ``values[b, t]`` is V(state before completion token t), read from the same hidden state
-    that predicts token t. Initialised from the policy's weights by default (so its memory
-    and compute cost is that of a second policy-sized model, as in PPO for LLMs).
-    """
-
-    def __init__(self, lm, share_prefix: bool = False):
-        super().__init__()
-        self.lm = lm
-        self.share_prefix = share_prefix
-        hidden = lm.config.hidden_size
-        self.value_head = torch.nn.Linear(hidden, 1)
-        torch.nn.init.zeros_(self.value_head.weight)
-        torch.nn.init.zeros_(self.value_head.bias)
-
-    def forward(self, prompt_ids, prompt_mask, completion_ids, completion_mask) -> torch.Tensor:
-        """Returns ``values [B, Tc]`` float32."""
-        h = completion_hidden(self.lm, prompt_ids, prompt_mask, completion_ids, completion_mask,
-                              share_prefix=self.share_prefix)
-        return self.value_head(h).squeeze(-1).float()

@@ -61,13 +61,14 @@ def compute_rewards(task, texts: list[str], golds: list[str], lengths: torch.Ten
     return RewardOutput(total, correct, formatted, over, summarize(verdicts))
 
 
-def shape_rewards(rewards: torch.Tensor, mask: torch.Tensor, old_logprobs, ref_logprobs, cfg):
+def shape_rewards(rewards: torch.Tensor, mask: torch.Tensor, old_logprobs, ref_logprobs, cfg, beta=None):
     """Sequence scores and per-token rewards the advantage estimator sees.
 
     Args:
         rewards: ``[B]`` total reward of each completion; mask: ``[B, T]`` completion mask.
         old_logprobs, ref_logprobs: ``[B, T]`` behaviour and reference log-probs, or None.
         cfg: the run config (``kl.placement``, ``kl.form``, ``kl.clamp``, ``beta``).
+        beta: the step's KL coefficient (the KL controller's; ``cfg.beta`` when None).
     Returns:
         ``(scores [B], token_rewards [B, T])``: the outcome reward sits on each row's last valid
         token (0 for an empty row). With ``kl.placement=reward`` and a reference, the per-token
@@ -82,9 +83,10 @@ def shape_rewards(rewards: torch.Tensor, mask: torch.Tensor, old_logprobs, ref_l
     if ref_logprobs is not None and cfg.kl.placement == "reward":
         from harness.algo import kl_penalty
 
+        beta = cfg.beta if beta is None else beta
         kl_tok = kl_penalty(old_logprobs, ref_logprobs, cfg.kl.form, clamp=cfg.kl.clamp) * mask
-        token_rewards = token_rewards - cfg.beta * kl_tok
-        scores = scores - cfg.beta * kl_tok.sum(1)
+        token_rewards = token_rewards - beta * kl_tok
+        scores = scores - beta * kl_tok.sum(1)
     return scores, token_rewards
 
 

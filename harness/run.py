@@ -61,7 +61,8 @@ def build_policy(cfg, tokenizer):
 
 
 def build_components(cfg):
-    """Task, tokenizer, policy (train mode), PPO critic (or None) and rollout backend for ``cfg``.
+    """Task, tokenizer, policy (train mode), critic (a :class:`harness.critic.Critic` when the
+    estimator needs values, else None) and rollout backend for ``cfg``.
 
     Shared by :func:`train` and the benchmarks, so both measure the same objects.
 
@@ -69,7 +70,7 @@ def build_components(cfg):
         FileNotFoundError, ConfigError: missing data or model files, unknown backend.
     """
     from harness.algo import TOKEN_ESTIMATORS
-    from harness.logprobs import ValueModel
+    from harness.critic import Critic
     from harness.models import load_tokenizer
     from harness.rollout import build_backend
     from harness.tasks import build_task
@@ -80,12 +81,7 @@ def build_components(cfg):
     policy.train()
     critic = None
     if "values" in TOKEN_ESTIMATORS.spec(cfg.advantage.name).needs:
-        import copy
-
-        base = copy.deepcopy(policy) if cfg.advantage.critic_init == "policy" else build_policy(cfg, tokenizer)
-        if cfg.advantage.critic_init == "random":
-            base.apply(base._init_weights)
-        critic = ValueModel(base, share_prefix=cfg.train.share_prefix).train()
+        critic = Critic.build(cfg, policy, lambda: build_policy(cfg, tokenizer))
     backend = build_backend(cfg.rollout.backend, policy, tokenizer, batch_size=cfg.rollout.batch_size,
                             progress=cfg.rollout.progress, share_prefix=cfg.rollout.share_prefix)
     return task, tokenizer, policy, critic, backend

@@ -16,13 +16,13 @@ from typing import Optional
 import torch
 
 from harness import checkpoint as ckpt
-from harness.algo import TOKEN_ESTIMATORS, AdvantageContext
+from harness.algo import GROUP_FILTERS, KL_CONTROLLERS, TOKEN_ESTIMATORS, AdvantageContext
 from harness.evaluation import evaluate
 from harness.health import HealthMonitor
 from harness.perf import PeakMemory
 from harness.rewards import RewardOutput, compute_rewards, process_step_rewards, shape_rewards
 from harness.rollout import RolloutBatch, SamplingParams, concat_batches
-from harness.update import TrainBatch, batched_logprobs, batched_values, critic_pass, padding_waste, policy_pass
+from harness.update import TrainBatch, batched_logprobs, padding_waste, policy_pass
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +43,8 @@ class StepRecord:
         advantages: ``[B, T]``; returns: ``[B, T]`` value targets or None.
         loss_mask: ``[B, T]`` the tokens the loss used.
         metrics: the step's logged metrics (evals included when the step evaluated).
+        greedy_scores: ``[P]`` greedy-completion rewards, for estimators that need them (ReMax).
+        logprobs: ``[B, T]`` the policy's log-probs in the step's first optimisation pass.
     """
 
     step: int
@@ -53,6 +55,8 @@ class StepRecord:
     returns: Optional[torch.Tensor]
     loss_mask: torch.Tensor
     metrics: dict
+    greedy_scores: Optional[torch.Tensor] = None
+    logprobs: Optional[torch.Tensor] = None
 
 
 def lr_lambda(schedule: str, warmup: int, total: int):
@@ -73,7 +77,7 @@ class Trainer:
     Args:
         cfg: the resolved :class:`harness.config.Config` (OmegaConf object).
         task, tokenizer, policy, backend, tracker: built by :mod:`harness.run`.
-        critic: a :class:`harness.logprobs.ValueModel` for ``advantage=ppo``, else None.
+        critic: a :class:`harness.critic.Critic` when the estimator needs values, else None.
         checkpoint_dir: where checkpoints go.
         on_eval: optional ``fn(step, metrics)`` called after each evaluation.
         on_step: optional ``fn(record: StepRecord)`` called after each step's metrics are complete.
@@ -89,6 +93,10 @@ class Trainer:
         self.on_eval, self.on_step = on_eval, on_step
         self.estimator = TOKEN_ESTIMATORS.spec(cfg.advantage.name)
         self.adv_params = self.estimator.build(cfg.advantage)
+        self.group_filter = GROUP_FILTERS.spec(cfg.group_filter.name)
+        self.group_filter_params = self.group_filter.build(cfg.group_filter)
+        self.kl_controller = KL_CONTROLLERS.get(cfg.kl.controller)
+        self.kl_coef = float(cfg.beta)  # the KL coefficient of the next step (kl.controller moves it)
         if "values" in self.estimator.needs and critic is None:
             raise ValueError(f"advantage={cfg.advantage.name} needs critic values: pass critic=...")
         self.backend, self.tracker, self.critic = backend, tracker, critic
@@ -100,10 +108,6 @@ class Trainer:
                                      weight_decay=t.weight_decay)
         self.sched = torch.optim.lr_scheduler.LambdaLR(
             self.opt, lr_lambda(t.lr_schedule, t.warmup_steps, t.steps))
-        self.critic_opt = None
-        if critic is not None:
-            self.critic_opt = torch.optim.AdamW(critic.parameters(), lr=cfg.advantage.critic_lr,
-                                                betas=tuple(t.adam_betas))
         self.adv_state: dict = {}
         self.step = 0
         self.data_pos = 0
@@ -123,13 +127,14 @@ class Trainer:
                               seed=self.cfg.seed * 1_000_003 + self.data_pos)
 
     def collect(self):
-        """Sample P prompts x G completions and score them (DAPO dynamic sampling if enabled).
+        """Sample P prompts x G completions, score them and apply the group filter
+        (``group_filter=<name>``; DAPO's dynamic sampling resamples dropped groups).
 
         Returns:
             (rollout batch, reward output, problems, info dict).
         """
         cfg, G, P = self.cfg, self.cfg.group_size, self.cfg.train.prompts_per_step
-        rounds = cfg.train.dynamic_sampling_max_rounds if cfg.train.dynamic_sampling else 1
+        rounds = self.group_filter_params.max_rounds
         kept, kept_rewards, kept_problems, t_roll, t_rew, sampled, info = [], [], [], 0.0, 0.0, 0, {}
         for round_ in range(rounds):
             need = P - sum(len(p) for p in kept_problems)
@@ -147,9 +152,9 @@ class Trainer:
                 overlong_factor=cfg.overlong.penalty,
             )
             t_roll, t_rew = t_roll + (t1 - t0), t_rew + (time.perf_counter() - t1)
-            if cfg.train.dynamic_sampling:
-                std = rew.rewards.view(-1, G).std(dim=1)
-                groups = [i for i in range(len(problems)) if std[i] > 0]
+            keep = self.group_filter.fn(rew.rewards.view(-1, G), self.group_filter_params)
+            if not bool(keep.all()):
+                groups = [i for i in range(len(problems)) if keep[i]]
                 if not groups:
                     if round_ < rounds - 1 or kept:
                         continue
@@ -190,16 +195,17 @@ class Trainer:
         t_old = time.perf_counter() - t0
         ref = batched_logprobs(self.ref, *args, **lp_kw) if self.use_ref else None
         t_ref = time.perf_counter() - t0 - t_old
-        values = batched_values(self.critic, *args, mb) if self.critic is not None else None
+        values = self.critic.values(*args, mb) if self.critic is not None else None
         t_logprob = time.perf_counter() - t0
 
-        scores, token_rewards = shape_rewards(rew.rewards, cmask, old, ref, cfg)
+        scores, token_rewards = shape_rewards(rew.rewards, cmask, old, ref, cfg, beta=self.kl_coef)
         lengths = cmask.sum(1)
+        greedy = self._greedy_scores(problems) if "greedy" in self.estimator.needs else None
         steps = None
         if "step_rewards" in self.estimator.needs:
             steps = process_step_rewards(self.task, self.tok, batch.texts, batch.completion_ids, cmask, rew.rewards)
         ctx = AdvantageContext(scores=scores.view(-1, G), token_rewards=token_rewards, mask=cmask,
-                               values=values, step_rewards=steps, state=self.adv_state)
+                               values=values, step_rewards=steps, state=self.adv_state, greedy_scores=greedy)
         adv = self.estimator.fn(ctx, self.adv_params)
 
         t0 = time.perf_counter()
@@ -225,7 +231,7 @@ class Trainer:
             "train/completion_len_max": float(lengths.max()),
             "train/clipped_ratio": float(batch.truncated.float().mean()),
             "train/advantage_abs_mean": float((adv.advantages.abs() * cmask).sum() / max(n_tokens, 1)),
-            "train/lr": lr, "train/skipped_updates": float(self.skipped),
+            "train/lr": lr, "train/kl_coef": self.kl_coef, "train/skipped_updates": float(self.skipped),
             "time/logprob_s": t_logprob, "time/old_logprob_s": t_old, "time/ref_logprob_s": t_ref,
             "time/value_s": t_logprob - t_old - t_ref, "time/update_s": t_update, "time/step_s": step_s,
             "time/elapsed_s": self.elapsed_before + time.time() - self.start_time,
@@ -235,23 +241,37 @@ class Trainer:
             "verifier/timeouts": rew.verifier.get("verifier/timeouts", 0.0),
             "verifier/errors": rew.verifier.get("verifier/errors", 0.0),
         }
-        self._last = StepRecord(self.step, batch, rew, ctx.scores, adv.advantages, adv.returns, loss_mask, metrics)
+        if "train/kl" in metrics:  # the controller sets the next step's coefficient
+            self.kl_coef = self.kl_controller(self.kl_coef, metrics["train/kl"], batch.num_sequences,
+                                              cfg.kl.target, cfg.kl.horizon)
+        self._last = StepRecord(self.step, batch, rew, ctx.scores, adv.advantages, adv.returns, loss_mask, metrics,
+                                greedy, self._first_logprobs)
         return metrics
+
+    def _greedy_scores(self, problems) -> torch.Tensor:
+        """``[P]`` reward of one greedy completion per prompt (for estimators that need it, ReMax),
+        scored exactly as the sampled ones."""
+        cfg = self.cfg
+        greedy = SamplingParams(temperature=0.0, max_new_tokens=cfg.rollout.max_new_tokens)
+        out = self.backend.generate([self.task.prompt(p, self.tok) for p in problems], 1, greedy)
+        rew = compute_rewards(self.task, out.texts, [p.gold for p in problems], out.completion_mask.sum(1),
+                              format_weight=cfg.task.format_reward, max_new_tokens=cfg.rollout.max_new_tokens,
+                              overlong_buffer=cfg.overlong.buffer, overlong_factor=cfg.overlong.penalty)
+        return rew.rewards
 
     def _update(self, tb: TrainBatch) -> dict:
         cfg, mb = self.cfg, self.cfg.train.micro_batch_size
         stats: dict = {}
-        warmup = self.critic is not None and self.step < cfg.advantage.critic_warmup_steps
-        for _ in range(cfg.mu):  # statistics are averaged over the mu passes
+        warmup = self.critic is not None and self.critic.in_warmup(self.step)
+        self._first_logprobs = torch.zeros(tb.loss_mask.shape, dtype=torch.float32)
+        for i in range(cfg.mu):  # statistics are averaged over the mu passes
             if self.critic is not None:
-                self.critic_opt.zero_grad(set_to_none=True)
-                _accumulate(stats, critic_pass(self.critic, tb, cfg.advantage.value_clip, cfg.advantage.vf_coef, mb), cfg.mu)
-                torch.nn.utils.clip_grad_norm_(self.critic.parameters(), cfg.train.max_grad_norm)
-                self.critic_opt.step()
+                _accumulate(stats, self.critic.update(tb, mb), cfg.mu)
             if warmup:
                 continue
             self.opt.zero_grad(set_to_none=True)
-            s = policy_pass(self.policy, tb, cfg, mb)
+            s = policy_pass(self.policy, tb, cfg, mb, beta=self.kl_coef,
+                            logprobs_out=self._first_logprobs if i == 0 else None)
             s["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.train.max_grad_norm))
             if not (math.isfinite(s["loss"]) and math.isfinite(s["grad_norm"])):
                 self._bad_step()
@@ -338,8 +358,7 @@ class Trainer:
             # the reference only differs from the loaded initial weights once it is refreshed
             "ref": self.ref.state_dict() if self.ref is not None and self.cfg.kl.ref_refresh_steps else None,
             "critic": self.critic.state_dict() if self.critic is not None else None,
-            "critic_optimizer": self.critic_opt.state_dict() if self.critic_opt is not None else None,
-            "adv_state": self.adv_state, "rng": ckpt.rng_state(), "skipped": self.skipped,
+            "adv_state": self.adv_state, "rng": ckpt.rng_state(), "skipped": self.skipped, "kl_coef": self.kl_coef,
             "elapsed_s": self.elapsed_before + time.time() - self.start_time,
             "pending_metrics": [(m.key, m.value, m.timestamp, m.step) for m in self.tracker.pending],
         }
@@ -360,10 +379,10 @@ class Trainer:
             self.ref.load_state_dict(state["ref"])
         if self.critic is not None and state.get("critic") is not None:
             self.critic.load_state_dict(state["critic"])
-            self.critic_opt.load_state_dict(state["critic_optimizer"])
         self.adv_state.clear()
         self.adv_state.update(state.get("adv_state") or {})
         self.skipped = state.get("skipped", 0)
+        self.kl_coef = state.get("kl_coef", self.kl_coef)
         self.elapsed_before = state.get("elapsed_s", 0.0)
         ckpt.set_rng_state(state["rng"])
         self.backend.sync_weights(self.policy)

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.algo import aggregate_loss, aggregation_normalizers, kl_penalty, masked_mean, policy_loss, value_loss
-from harness.logprobs import prompt_groups, token_logprobs
+from harness.algo import POLICY_LOSSES, aggregate_loss, aggregation_normalizers, kl_penalty, masked_mean
+from harness.kv import prompt_groups
+from harness.logprobs import token_logprobs
 
 
 @dataclass
@@ -93,11 +94,12 @@ def _groups(prompt_ids, prompt_mask, share_prefix: bool):
 
 
 def micro_batches(batch: TrainBatch, size: int, share_prefix: bool = False):
-    """Length-sorted, padding-trimmed micro-batches of ``size`` rows (rows of one prompt kept
-    together when ``share_prefix``)."""
+    """``(row indices, micro-batch)`` pairs: length-sorted, padding-trimmed micro-batches of ``size``
+    rows (rows of one prompt kept together when ``share_prefix``)."""
     order = length_order(batch.prompt_mask, batch.loss_mask, _groups(batch.prompt_ids, batch.prompt_mask, share_prefix))
     for start in range(0, len(order), size):
-        yield batch.rows(order[start : start + size]).trimmed()
+        idx = order[start : start + size]
+        yield idx, batch.rows(idx).trimmed()
 
 
 def padding_waste(prompt_mask: torch.Tensor, completion_mask: torch.Tensor, size: int,
@@ -123,7 +125,22 @@ def padding_waste(prompt_mask: torch.Tensor, completion_mask: torch.Tensor, size
     return 1.0 - real / max(slots, 1)
 
 
-def token_objective(logp, old, ref, advantages, mask, entropy, cfg):
+def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, quantile: float) -> torch.Tensor:
+    """``[B, T]`` bool: the valid tokens whose entropy is in the top ``quantile`` fraction.
+
+    Formula (Wang et al. 2025, "Beyond the 80/20 Rule: High-Entropy Minority Tokens Drive
+    Effective RL for LLM Reasoning"; TRL ``top_entropy_quantile``, ``get_high_entropy_mask``):
+    keep ``H >= quantile_{1-q}(H over the valid tokens)``. Computed over the (micro-)batch it is
+    given, as TRL does per local batch.
+    """
+    valid = mask > 0
+    if quantile >= 1.0 or not bool(valid.any()):
+        return valid
+    threshold = torch.quantile(entropy.detach()[valid].float(), 1.0 - quantile)
+    return valid & (entropy.detach() >= threshold)
+
+
+def token_objective(logp, old, ref, advantages, mask, entropy, cfg, loss_params=None, beta=None):
     """The per-token loss of one (micro-)batch, read from the run config.
 
     Args:
@@ -131,18 +148,27 @@ def token_objective(logp, old, ref, advantages, mask, entropy, cfg):
             log-probs (``logp.detach()`` on-policy); ``ref``: ``[B, T]`` reference log-probs or
             None; ``advantages``: ``[B, T]``; ``mask``: ``[B, T]`` float loss mask;
             ``entropy``: ``[B, T]`` per-token entropy (nats); ``cfg``: the run's Config.
+        loss_params: ``cfg.policy_loss`` built into its params dataclass (built here when None).
+        beta: the KL coefficient of this step (the KL controller's; ``cfg.beta`` when None).
     Returns:
-        ``(per_token_loss [B, T], stats)``: the clipped surrogate
-        (:func:`harness.algo.policy_loss` with ``epsilon``, ``epsilon_high``, ``dual_clip``,
-        ``ratio_level``) ``+ beta * KL`` (``kl.form``, ``kl.clamp``; only when
-        ``kl.placement=loss``) ``- entropy_coef * H``; stats as ``policy_loss`` plus ``kl``.
+        ``(per_token_loss [B, T], stats)``: the registered policy loss ``policy_loss=<name>``
+        (:mod:`harness.algo.policy_losses`, with ``cfg.policy_loss`` as its params), kept only
+        on the top ``top_entropy_quantile`` of tokens by entropy (:func:`high_entropy_mask`),
+        ``+ beta * KL`` (``kl.form``, ``kl.clamp``; only when ``kl.placement=loss``)
+        ``- entropy_coef * H``; stats as the policy loss's plus ``kl`` and
+        ``tokens_selected_frac``.
     """
-    per_token, stats = policy_loss(logp, old, advantages, mask, epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high,
-                                   dual_clip=cfg.dual_clip, ratio_level=cfg.ratio_level)
+    spec = POLICY_LOSSES.spec(cfg.policy_loss.name)
+    p = loss_params if loss_params is not None else spec.build(cfg.policy_loss)
+    beta = cfg.beta if beta is None else beta
+    per_token, stats = spec.fn(logp, old, advantages, mask, p)
+    keep = high_entropy_mask(entropy, mask, cfg.top_entropy_quantile)
+    per_token = per_token * keep
+    stats["tokens_selected_frac"] = masked_mean(keep.to(per_token.dtype), mask)
     if ref is not None:
         kl = kl_penalty(logp, ref, cfg.kl.form, clamp=cfg.kl.clamp)
         if cfg.kl.placement == "loss":
-            per_token = per_token + cfg.beta * kl
+            per_token = per_token + beta * kl
         stats["kl"] = masked_mean(kl.detach(), mask)
     if cfg.entropy_coef:
         per_token = per_token - cfg.entropy_coef * entropy
@@ -154,13 +180,15 @@ def aggregate(per_token, mask, cfg, norm: dict):
     return aggregate_loss(per_token, mask, cfg.loss_agg.name, cfg.loss_agg, max_len=cfg.rollout.max_new_tokens, **norm)
 
 
-def policy_pass(policy, batch: TrainBatch, cfg, micro_batch_size: int) -> dict:
+def policy_pass(policy, batch: TrainBatch, cfg, micro_batch_size: int, beta=None, logprobs_out=None) -> dict:
     """Accumulate gradients of the policy loss over micro-batches (no optimizer step).
 
     Args:
         cfg: the run's Config: the loss is :func:`token_objective` + :func:`aggregate`;
             ``rollout.temperature``, ``train.logprob_chunk`` and ``train.share_prefix`` set the
             log-prob forward.
+        logprobs_out: optional ``[B, T]`` tensor filled with the pass's log-probs (detached, 0 past
+            each row's trimmed length), e.g. for :class:`harness.trainer.StepRecord`.
     Returns:
         token-weighted means of the loss statistics over the batch (python floats); ``loss`` is
         the full-batch loss.
@@ -168,8 +196,9 @@ def policy_pass(policy, batch: TrainBatch, cfg, micro_batch_size: int) -> dict:
     norm = aggregation_normalizers(batch.loss_mask)
     total_tokens = max(norm["num_tokens"], 1.0)
     share = cfg.train.share_prefix
+    loss_params = POLICY_LOSSES.spec(cfg.policy_loss.name).build(cfg.policy_loss)
     sums: dict[str, float] = {}
-    for mb in micro_batches(batch, micro_batch_size, share):
+    for idx, mb in micro_batches(batch, micro_batch_size, share):
         mask = mb.loss_mask.float()
         logp, entropy = token_logprobs(
             policy, mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.loss_mask,
@@ -177,7 +206,10 @@ def policy_pass(policy, batch: TrainBatch, cfg, micro_batch_size: int) -> dict:
             share_prefix=share,
         )
         old = mb.old_logprobs if mb.old_logprobs is not None else logp.detach()
-        per_token, stats = token_objective(logp, old, mb.ref_logprobs, mb.advantages, mask, entropy, cfg)
+        if logprobs_out is not None:
+            logprobs_out[idx, : logp.shape[1]] = logp.detach().to(logprobs_out.dtype)
+        per_token, stats = token_objective(logp, old, mb.ref_logprobs, mb.advantages, mask, entropy, cfg, loss_params,
+                                           beta)
         loss = aggregate(per_token, mask, cfg, norm)
         loss.backward()
         stats["entropy"] = masked_mean(entropy.detach(), mask)
@@ -189,28 +221,11 @@ def policy_pass(policy, batch: TrainBatch, cfg, micro_batch_size: int) -> dict:
     return sums
 
 
-def critic_pass(critic, batch: TrainBatch, clip_range: float, vf_coef: float, micro_batch_size: int) -> dict:
-    """Accumulate gradients of the clipped value loss (token-mean over the whole batch)."""
-    norm = aggregation_normalizers(batch.loss_mask)
-    total = max(norm["num_tokens"], 1.0)
-    sums: dict[str, float] = {}
-    for mb in micro_batches(batch, micro_batch_size, getattr(critic, "share_prefix", False)):
-        mask = mb.loss_mask.float()
-        values = critic(mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.loss_mask)
-        per_token, stats = value_loss(values, mb.old_values, mb.returns, mask, clip_range=clip_range)
-        loss = vf_coef * aggregate_loss(per_token, mask, "token-mean", num_tokens=norm["num_tokens"])
-        loss.backward()
-        w = float(mask.sum()) / total
-        sums["value_loss"] = sums.get("value_loss", 0.0) + float(loss.detach())
-        for k, v in stats.items():
-            sums[k] = sums.get(k, 0.0) + float(v) * w
-    return sums
-
-
-def _batched_forward(fn, prompt_ids, prompt_mask, completion_ids, completion_mask, micro_batch_size,
+def batched_forward(fn, prompt_ids, prompt_mask, completion_ids, completion_mask, micro_batch_size,
                      share_prefix=False):
-    """Run ``fn`` over length-sorted, trimmed micro-batches; results in the original row order,
-    zero-padded back to ``[B, Tc]``."""
+    """Run ``fn(prompt_ids, prompt_mask, completion_ids, completion_mask) -> [b, tc]`` over
+    length-sorted, trimmed micro-batches; results in the original row order, zero-padded back to
+    ``[B, Tc]`` float32 (log-probs of the old/reference policy, critic values)."""
     out = torch.zeros(completion_ids.shape, dtype=torch.float32, device=completion_ids.device)
     order = length_order(prompt_mask, completion_mask, _groups(prompt_ids, prompt_mask, share_prefix))
     for start in range(0, len(order), micro_batch_size):
@@ -233,12 +248,5 @@ def batched_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_
     def fn(*args):
         return token_logprobs(model, *args, temperature=temperature, chunk=chunk, share_prefix=share_prefix)[0]
 
-    return _batched_forward(fn, prompt_ids, prompt_mask, completion_ids, completion_mask, micro_batch_size,
+    return batched_forward(fn, prompt_ids, prompt_mask, completion_ids, completion_mask, micro_batch_size,
                             share_prefix)
-
-
-@torch.no_grad()
-def batched_values(critic, prompt_ids, prompt_mask, completion_ids, completion_mask, micro_batch_size: int):
-    """``[B, Tc]`` critic values without gradients."""
-    return _batched_forward(critic, prompt_ids, prompt_mask, completion_ids, completion_mask, micro_batch_size,
-                            getattr(critic, "share_prefix", False))

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+
+log = logging.getLogger(__name__)
+
 
 class ConfigError(ValueError):
     """An invalid config value or combination; the message names the key(s)."""
@@ -38,7 +42,7 @@ def _dry_run(cfg) -> None:
     """
     import torch
 
-    from harness.algo import TOKEN_ESTIMATORS, AdvantageContext, aggregate_loss
+    from harness.algo import GROUP_FILTERS, POLICY_LOSSES, TOKEN_ESTIMATORS, AdvantageContext, aggregate_loss
 
     G = max(int(cfg.group_size), 1)
     spec = TOKEN_ESTIMATORS.spec(cfg.advantage.name)
@@ -48,18 +52,24 @@ def _dry_run(cfg) -> None:
     token_rewards[:, -1] = scores.reshape(-1)
     ctx = AdvantageContext(scores=scores, token_rewards=token_rewards, mask=mask,
                            values=torch.zeros(2 * G, 3) if "values" in spec.needs else None,
-                           step_rewards=[[(2, 1.0)]] * (2 * G) if "step_rewards" in spec.needs else None)
+                           step_rewards=[[(2, 1.0)]] * (2 * G) if "step_rewards" in spec.needs else None,
+                           greedy_scores=torch.tensor([0.5, 0.0]) if "greedy" in spec.needs else None)
+    loss = POLICY_LOSSES.spec(cfg.policy_loss.name)
+    logp = -torch.rand(2 * G, 3, generator=torch.Generator().manual_seed(0)) - 0.1
     try:
-        spec.fn(ctx, spec.build(cfg.advantage))
+        adv = spec.fn(ctx, spec.build(cfg.advantage)).advantages
+        loss.fn(logp.requires_grad_(), logp.detach() - 0.05, adv, mask, loss.build(cfg.policy_loss))
         aggregate_loss(torch.ones(2 * G, 3), mask, cfg.loss_agg.name, cfg.loss_agg,
                        max_len=cfg.rollout.max_new_tokens)
+        flt = GROUP_FILTERS.spec(cfg.group_filter.name)
+        flt.fn(scores, flt.build(cfg.group_filter))
     except ValueError as e:
         raise ConfigError(str(e)) from None
 
 
 def validate(cfg) -> None:
     """Raise :class:`ConfigError` for unknown names, out-of-range values and bad combinations."""
-    from harness.algo import KL_ESTIMATORS, LOSS_AGGREGATIONS, TOKEN_ESTIMATORS, requires_groups
+    from harness.algo import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, TOKEN_ESTIMATORS, requires_groups
     from harness.rollout import BACKENDS
     from harness.tasks import TASKS
 
@@ -68,8 +78,22 @@ def validate(cfg) -> None:
     _choice("kl.form", cfg.kl.form, KL_ESTIMATORS.names())
     _choice("kl.placement", cfg.kl.placement, ["loss", "reward", "none"])
     _check(cfg.kl.clamp is None or cfg.kl.clamp > 0, f"kl.clamp={cfg.kl.clamp}: expected > 0 or null")
+    from harness.algo import KL_CONTROLLERS
+
+    _choice("kl.controller", cfg.kl.controller, KL_CONTROLLERS.names())
+    from harness.config import KLConfig
+
+    reads = KL_CONTROLLERS.spec(cfg.kl.controller).needs  # the kl.* keys the controller reads
+    unread = [f"kl.{k}={cfg.kl[k]}" for k in ("target", "horizon") if k not in reads and cfg.kl[k] != getattr(KLConfig, k)]
+    _check(not unread, f"{', '.join(unread)} is set, but kl.controller={cfg.kl.controller} does not read it "
+                       "(kl.controller=adaptive does)")
+    try:
+        KL_CONTROLLERS.get(cfg.kl.controller)(1.0, 0.1, 1, cfg.kl.target, cfg.kl.horizon)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    _check(0 < cfg.top_entropy_quantile <= 1,
+           f"top_entropy_quantile={cfg.top_entropy_quantile}: expected in (0, 1] (1 = every token)")
     _choice("loss_agg", cfg.loss_agg.name, LOSS_AGGREGATIONS.names())
-    _choice("ratio_level", cfg.ratio_level, ["token", "sequence"])
     _choice("rollout.backend", cfg.rollout.backend, BACKENDS)
     _choice("model.dtype", cfg.model.dtype, ["float32", "bfloat16", "float16"])
     _choice("train.lr_schedule", cfg.train.lr_schedule, ["constant", "linear", "cosine"])
@@ -77,9 +101,6 @@ def validate(cfg) -> None:
         _check(cfg.group_size >= 2, f"group_size={cfg.group_size} with advantage={cfg.advantage.name}: "
                "a group estimator needs group_size >= 2 (a singleton group has no baseline)")
     _check(cfg.group_size >= 1, f"group_size={cfg.group_size}: expected >= 1")
-    _check(cfg.epsilon > 0, f"epsilon={cfg.epsilon}: expected > 0")
-    _check(cfg.epsilon_high is None or cfg.epsilon_high > 0, f"epsilon_high={cfg.epsilon_high}: expected > 0 or null")
-    _check(cfg.dual_clip is None or cfg.dual_clip > 1, f"dual_clip={cfg.dual_clip}: expected > 1 or null")
     _check(cfg.beta >= 0, f"beta={cfg.beta}: expected >= 0")
     _check(cfg.mu >= 1, f"mu={cfg.mu}: expected >= 1 policy iterations per batch")
     _check(cfg.rollout.temperature > 0, f"rollout.temperature={cfg.rollout.temperature}: training needs sampling (> 0)")
@@ -91,9 +112,22 @@ def validate(cfg) -> None:
     _check(cfg.eval.num_samples >= 0, f"eval.num_samples={cfg.eval.num_samples}: expected >= 0")
     _check(cfg.overlong.buffer < cfg.rollout.max_new_tokens or cfg.overlong.buffer == 0,
            f"overlong.buffer={cfg.overlong.buffer} must be smaller than rollout.max_new_tokens={cfg.rollout.max_new_tokens}")
+    _choice("policy_loss", cfg.policy_loss.name, POLICY_LOSSES.names())
+    prescribed = POLICY_LOSSES.spec(cfg.policy_loss.name).aggregation
+    if prescribed and prescribed != cfg.loss_agg.name:
+        log.warning("policy_loss=%s prescribes loss_agg=%s (its paper's averaging); this run uses loss_agg=%s",
+                    cfg.policy_loss.name, prescribed, cfg.loss_agg.name)
     spec = TOKEN_ESTIMATORS.spec(cfg.advantage.name)
-    if "values" in spec.needs:
-        _choice("advantage.critic_init", cfg.advantage.critic_init, ["policy", "random"])
+    _choice("critic.init", cfg.critic.init, ["policy", "random"])
+    _check(cfg.critic.lr > 0, f"critic.lr={cfg.critic.lr}: expected > 0")
+    if "values" not in spec.needs:  # a critic knob with no critic would silently do nothing
+        from dataclasses import asdict
+
+        from harness.critic import CriticConfig
+
+        changed = [f"critic.{k}={cfg.critic[k]}" for k, v in asdict(CriticConfig()).items() if cfg.critic[k] != v]
+        _check(not changed, f"{', '.join(changed)} is set, but advantage={cfg.advantage.name} uses no critic "
+                            "(only estimators that need values, e.g. advantage=ppo, build one)")
     if cfg.kl.placement == "reward" and cfg.beta > 0:
         _check("step_rewards" not in spec.needs,
                f"kl.placement=reward is not defined for advantage={cfg.advantage.name} (step rewards)")

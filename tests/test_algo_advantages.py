@@ -189,6 +189,28 @@ def test_rloo_loo_std_scaling_by_hand():
         compute_advantages(one, "rloo", scale="std")
 
 
+def test_grpo_passk_credits_only_the_best_sample():
+    r = torch.tensor([[1.0, 0.0, 0.5, 0.0], [0.0, 0.0, 0.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
+    # group 0: gap 1 - .5 = .5 over the unbiased std (mean .375, var .6875/3); group 1 all equal;
+    # group 2: a tie at the top -> gap 0
+    std = math.sqrt(0.6875 / 3)
+    assert close(compute_advantages(r, "grpo_passk"), [[0.5 / (std + 1e-6), 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0]])
+    assert close(compute_advantages(r, "grpo_passk", scale=False)[0], [0.5, 0, 0, 0])
+
+
+def test_remax_subtracts_the_greedy_reward_and_opo_the_length_weighted_mean():
+    mask = _mask([2, 1, 3, 3], 3)
+    ctx = AdvantageContext(scores=torch.tensor([[1.0, 0.0], [0.0, 1.0]]), token_rewards=torch.zeros(4, 3),
+                           mask=mask, greedy_scores=torch.tensor([0.5, 1.0]))
+    assert close(estimate_advantages("remax", ctx).advantages,
+                 [[0.5, 0.5, 0.0], [-0.5, 0.0, 0.0], [-1.0, -1.0, -1.0], [0.0, 0.0, 0.0]])
+    # OPO: b = sum L r / sum L: group 0 lengths (2, 1) -> b = 2/3; group 1 lengths (3, 3) -> b = 1/2
+    assert close(estimate_advantages("opo", ctx).advantages,
+                 [[1 / 3, 1 / 3, 0.0], [-2 / 3, 0.0, 0.0], [-0.5, -0.5, -0.5], [0.5, 0.5, 0.5]])
+    with pytest.raises(ValueError, match="greedy_scores"):
+        estimate_advantages("remax", AdvantageContext(ctx.scores, ctx.token_rewards, mask))
+
+
 # ----------------------------------------------------------------- token broadcast
 
 

@@ -55,7 +55,7 @@ def test_collect_runs_frame(coll, store):
     assert len(runs) == 8 and set(runs["run_id"]) == set(store["ids"]["FINISHED"])
     assert (runs["status"] == "FINISHED").all() and (runs["experiment"] == "grpo-harness").all()
     for col in ["run_id", "status", "experiment", "estimator", "group_size", "seed", "sweep", "task",
-                "tags.estimator", "params.advantage.name", "params.epsilon", "params.eval.num_samples",
+                "tags.estimator", "params.advantage.name", "params.policy_loss.epsilon", "params.eval.num_samples",
                 "metrics.final/eval_accuracy", "metrics.train/reward_mean"]:
         assert col in runs.columns, col
     assert sorted(runs.groupby(["estimator", "group_size"]).size().tolist()) == [2, 2, 2, 2]

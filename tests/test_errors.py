@@ -31,9 +31,9 @@ def test_group_size_one_with_group_estimator_is_a_startup_error():
     ("advantage.scale=global", "advantage.scale must be one of"),
     ("advantage=reinforce advantage.baseline=median", "advantage.baseline must be one of"),
     ("rollout.top_p=0.9", "rollout.top_p=0.9: expected 1.0"),
-    ("ratio_level=word", "ratio_level="),
+    ("policy_loss.dual_clip=1.0", "policy_loss.dual_clip must be None or > 1"),
     ("rollout.temperature=0", "rollout.temperature=0"),
-    ("epsilon=-1", "epsilon=-1"),
+    ("policy_loss.epsilon=-1", "policy_loss.epsilon must be >= 0"),
 ])
 def test_invalid_values_name_the_key(override, needle):
     with pytest.raises(ConfigError) as e:

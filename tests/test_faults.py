@@ -15,8 +15,8 @@ def test_nonfinite_updates_are_skipped_then_the_run_stops_with_a_checkpoint(run_
     real = trainer_mod.policy_pass
     calls = {"n": 0}
 
-    def flaky(policy, batch, s, mb):
-        stats = real(policy, batch, s, mb)
+    def flaky(policy, batch, s, mb, **kw):
+        stats = real(policy, batch, s, mb, **kw)
         calls["n"] += 1
         if calls["n"] >= 2:  # the first update is fine, every later one is NaN
             stats["loss"] = float("nan")
@@ -36,8 +36,8 @@ def test_skipped_update_leaves_weights_unchanged(run_dir, monkeypatch):
 
     real = trainer_mod.policy_pass
 
-    def nan_once(policy, batch, s, mb):
-        stats = real(policy, batch, s, mb)
+    def nan_once(policy, batch, s, mb, **kw):
+        stats = real(policy, batch, s, mb, **kw)
         stats["grad_norm_probe"] = 0.0
         stats["loss"] = float("nan")
         return stats

@@ -64,8 +64,10 @@ def _window(d: Path) -> str:
         return "startup (no MLflow run yet)"
     if json.loads(rec.read_text()).get("run_id") is None:
         return "between the run record and the MLflow run"
+    _, runs = _runs(d)
+    if runs and runs[0].info.status == "FINISHED":
+        return "after the run finished (process exit)"
     if not ckpts:
-        _, runs = _runs(d)
         n = len(runs[0].data.metrics) if runs else 0
         return f"before the first checkpoint ({'step-0 eval logged' if n > 2 else 'no eval logged'})"
     return f"after checkpoint {ckpts[-1].stem}"
@@ -73,14 +75,26 @@ def _window(d: Path) -> str:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
+    """The uninterrupted run, and when (seconds after launch) its run record appeared and its
+    final checkpoint was written: the span where the MLflow run exists."""
     d = tmp_path_factory.mktemp("reference")
     t0 = time.monotonic()
-    subprocess.run(_cmd(d), cwd=d, env=_env(), check=True, capture_output=True, timeout=600)
-    return _history(d), time.monotonic() - t0
+    proc = subprocess.Popen(_cmd(d), cwd=d, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    t_record = t_final = None
+    while proc.poll() is None:
+        now = time.monotonic() - t0
+        if t_record is None and (d / "ckpt" / "run.json").exists():
+            t_record = now
+        if t_final is None and (d / "ckpt" / "step_000004.pt").exists():
+            t_final = now
+        time.sleep(0.05)
+    assert proc.returncode == 0
+    wall = time.monotonic() - t0
+    return _history(d), wall, (t_record or 0.0, t_final or wall)
 
 
 def test_random_kills_leave_one_run_with_every_metric_once(reference, tmp_path):
-    ref, wall = reference
+    ref, wall, (t_record, t_final) = reference
     assert [s for s, _ in ref["train/reward_mean"]] == [1, 2, 3, 4]
     assert [s for s, _ in ref["eval/accuracy"]] == [0, 2, 4]
     tries = int(os.environ.get("HARNESS_KILL_TRIES", "5"))
@@ -89,7 +103,8 @@ def test_random_kills_leave_one_run_with_every_metric_once(reference, tmp_path):
     for i in range(tries):
         d = tmp_path / f"try{i}"
         d.mkdir()
-        delay = rng.uniform(0.2, wall)
+        # most kills land while the MLflow run exists (the windows that matter), some anywhere
+        delay = rng.uniform(0.2, wall) if i % 5 == 4 else rng.uniform(max(0.2, t_record - 0.5), t_final + 0.3)
         proc = subprocess.Popen(_cmd(d), cwd=d, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             proc.wait(timeout=delay)
@@ -99,6 +114,9 @@ def test_random_kills_leave_one_run_with_every_metric_once(reference, tmp_path):
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait(timeout=60)
         windows.append(f"{delay:5.1f} s: {_window(d)}")
+        if "finished" in windows[-1]:  # the job was done: the same command would start a new run
+            assert _history(d).keys() == ref.keys()
+            continue
         rerun = subprocess.run(_cmd(d), cwd=d, env=_env(), capture_output=True, text=True, timeout=600)
         assert rerun.returncode == 0, rerun.stderr[-3000:]
         got = _history(d)
@@ -107,7 +125,8 @@ def test_random_kills_leave_one_run_with_every_metric_once(reference, tmp_path):
             assert [s for s, _ in got[key]] == [s for s, _ in ref[key]], (windows[-1], key, got[key])
             assert [v for _, v in got[key]] == pytest.approx([v for _, v in ref[key]], rel=1e-6, abs=1e-9), \
                 (windows[-1], key)
-    REPORT.append(f"{tries} kills (uninterrupted run {wall:.1f} s):\n    " + "\n    ".join(windows))
+    REPORT.append(f"{tries} kills (uninterrupted run {wall:.1f} s; run record at {t_record:.1f} s, final "
+                  f"checkpoint at {t_final:.1f} s):\n    " + "\n    ".join(windows))
 
 
 def test_adopting_a_run_created_before_its_id_was_recorded(tmp_path):

@@ -68,10 +68,6 @@ KNOBS = {
     # ---------------------------------------------------------------- top level
     "seed": math_(1, "rollout"),
     "group_size": math_(2, "rollout"),
-    "epsilon": math_(0.01, "loss", *MU2),
-    "epsilon_high": math_(0.01, "loss", *MU2),
-    "dual_clip": math_(1.01, "loss", "mu=3", "train.lr=0.5"),
-    "ratio_level": math_("sequence", "loss", *MU2),
     "beta": math_(0.5, "loss"),
     "kl.form": math_("k1", "loss", *KL),
     "kl.clamp": math_(1e-7, "loss", *KL),
@@ -92,9 +88,13 @@ KNOBS = {
     "train.max_grad_norm": math_(1e-4, "weights"),
     "train.lr_schedule": math_("linear", "metric:train/lr"),
     "train.warmup_steps": math_(2, "metric:train/lr"),
-    "train.dynamic_sampling": math_("true", "metric:train/prompts_sampled", reward="zero"),
-    "train.dynamic_sampling_max_rounds": math_(1, "metric:train/prompts_sampled", "train.dynamic_sampling=true",
-                                               reward="zero"),
+    "group_filter": math_("dapo", "metric:train/prompts_sampled", reward="zero"),
+    "group_filter/dapo.max_rounds": math_(1, "metric:train/prompts_sampled", reward="zero"),
+    "top_entropy_quantile": math_(0.2, "loss"),
+    "kl.controller": math_("adaptive", "metric:train/kl_coef", *KL),
+    # step 1's KL is exactly 0 (policy == reference), so the target shows from step 2's update on
+    "kl.target": math_(1e-6, "metric:train/kl_coef", *KL, "kl.controller=adaptive", "kl.horizon=10", "train.steps=3"),
+    "kl.horizon": math_(10, "metric:train/kl_coef", *KL, "kl.controller=adaptive"),
     "train.logprob_chunk": speed(2),
     "train.share_prefix": speed("false"),
     "train.max_bad_steps": check("check_max_bad_steps"),
@@ -150,13 +150,36 @@ KNOBS = {
     "advantage/ppo.lam": math_(0.5, "advantages"),
     "advantage/ppo.whiten": math_("false", "advantages"),
     "advantage/ppo.unbiased": math_("false", "advantages"),
-    "advantage/ppo.vf_coef": math_(2.0, "metric:train/value_loss"),
-    "advantage/ppo.critic_lr": math_(1e-2, "advantages"),
-    "advantage/ppo.value_clip": math_(1e-3, "metric:train/value_loss", "mu=2", "advantage.critic_lr=0.05"),
-    "advantage/ppo.critic_warmup_steps": math_(1, "weights"),
-    "advantage/ppo.critic_init": math_("random", "advantages"),
+    # ---------------------------------------------------------------- the critic (advantage=ppo)
+    "critic.vf_coef": math_(2.0, "metric:train/value_loss", "advantage=ppo"),
+    "critic.lr": math_(1e-2, "advantages", "advantage=ppo"),
+    "critic.value_clip": math_(1e-3, "metric:train/value_loss", "advantage=ppo", "mu=2", "critic.lr=0.05"),
+    "critic.warmup_steps": math_(1, "weights", "advantage=ppo"),
+    "critic.init": math_("random", "advantages", "advantage=ppo"),
+    "advantage/grpo_passk.eps": math_(0.5, "advantages"),
+    "advantage/grpo_passk.scale": math_("false", "advantages"),
     "advantage/process.eps": math_(0.5, "advantages"),
     "advantage/process.unbiased": math_("false", "advantages"),
+    # ---------------------------------------------------------------- policy losses
+    "policy_loss": math_("cispo", "loss"),
+    "policy_loss/ppo_clip.epsilon": math_(0.01, "loss", *MU2),
+    "policy_loss/ppo_clip.epsilon_high": math_(0.01, "loss", *MU2),
+    "policy_loss/ppo_clip.dual_clip": math_(1.01, "loss", "mu=3", "train.lr=0.5"),
+    "policy_loss/gspo.epsilon": math_(0.5, "loss", *MU2),
+    "policy_loss/gspo.epsilon_high": math_(0.5, "loss", *MU2),
+    "policy_loss/cispo.epsilon_low": math_(0.01, "loss", *MU2),
+    "policy_loss/cispo.epsilon_high": math_(0.01, "loss", *MU2),
+    "policy_loss/sapo.tau_pos": math_(5.0, "loss"),
+    "policy_loss/sapo.tau_neg": math_(5.0, "loss"),
+    "policy_loss/gmpo.epsilon": math_(0.01, "loss", *MU2),
+    "policy_loss/gmpo.epsilon_high": math_(0.01, "loss", *MU2),
+    "policy_loss/clip_cov.epsilon": math_(0.01, "loss", *MU2),
+    "policy_loss/clip_cov.epsilon_high": math_(0.01, "loss", *MU2),
+    "policy_loss/clip_cov.clip_cov_ratio": math_(0.5, "loss", "policy_loss.clip_cov_lb=-10"),
+    "policy_loss/clip_cov.clip_cov_lb": math_(-10, "loss"),
+    "policy_loss/clip_cov.clip_cov_ub": math_(-5, "loss", "policy_loss.clip_cov_lb=-10"),
+    "policy_loss/kl_cov.kl_cov_ratio": math_(0.5, "loss", *MU2),
+    "policy_loss/kl_cov.ppo_kl_coef": math_(10.0, "loss", *MU2),
     # ---------------------------------------------------------------- loss aggregation
     "loss_agg": math_("seq-mean-token-mean", "loss"),
     "loss_agg/seq-mean-token-mean.count_masked_rows": math_("true", "loss", "overlong.mask_truncated=true"),
@@ -309,9 +332,13 @@ def test_checked_knob(key, tmp_path, monkeypatch):
 
 # ---------------------------------------------------------------------------- own set-ups
 
+# the local copies of the data sets, read once (tests/conftest.py sets the variables; some checks
+# below unset them to exercise the hub path)
+_DATA = {"gsm8k": Path(os.environ["HARNESS_GSM8K_DIR"]), "math": Path(os.environ["HARNESS_MATH_DIR"])}
+
+
 def _data(task: str) -> Path:
-    """The local copy of a data set (tests/conftest.py sets the variables)."""
-    return Path(os.environ[{"gsm8k": "HARNESS_GSM8K_DIR", "math": "HARNESS_MATH_DIR"}[task]])
+    return _DATA[task]
 
 
 def check_max_bad_steps(key, tmp_path, monkeypatch):
@@ -320,8 +347,8 @@ def check_max_bad_steps(key, tmp_path, monkeypatch):
 
     real = trainer_mod.policy_pass
 
-    def nan(*args):
-        return {**real(*args), "loss": float("nan")}
+    def nan(*args, **kw):
+        return {**real(*args, **kw), "loss": float("nan")}
 
     monkeypatch.setattr(trainer_mod, "policy_pass", nan)
     obs = probe("train.max_bad_steps=5")  # 2 bad steps < 5: the run ends, both updates skipped

@@ -21,7 +21,7 @@ def test_update_raises_logprob_of_high_advantage_completions(tokenizer, estimato
     b = HFRollout(model, tokenizer, progress=False).generate(["Write something"] * 4, 8, SamplingParams(1.0, 1.0, 8))
     reward = torch.tensor([t.count("e") / max(len(t), 1) for t in b.texts])  # any dense reward
     adv = compute_advantages(reward.view(4, 8), estimator).view(-1, 1) * b.completion_mask
-    s = compose("epsilon=0.2", "beta=0.0", f"loss_agg={agg}", "rollout.max_new_tokens=8", "rollout.temperature=1.0",
+    s = compose("policy_loss.epsilon=0.2", "beta=0.0", f"loss_agg={agg}", "rollout.max_new_tokens=8", "rollout.temperature=1.0",
                 "train.share_prefix=false")
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     args = (b.prompt_ids, b.prompt_mask, b.completion_ids, b.completion_mask)

@@ -101,7 +101,7 @@ def _valid_tokens(adv, mask):
 
 
 @pytest.mark.parametrize("estimator", ["grpo", "mean_only", "rloo", "reinforce", "reinforce_pp",
-                                       "reinforce_pp_baseline", "ppo", "process"])
+                                       "reinforce_pp_baseline", "ppo", "process", "remax", "opo", "grpo_passk"])
 def test_every_estimator_runs_and_computes_its_advantages(run_dir, dense_rewards, estimator):
     """Through train(): the advantages the step used equal the estimator's formula applied by hand
     to the step's rewards, and the logged train/advantage_abs_mean is their mean magnitude."""
@@ -122,6 +122,22 @@ def test_every_estimator_runs_and_computes_its_advantages(run_dir, dense_rewards
             assert torch.equal(adv, adv[:, :1].expand_as(adv) * mask)  # one value per row, on valid tokens
         elif estimator in ("reinforce_pp", "reinforce_pp_baseline"):
             assert _valid_tokens(adv, mask) == pytest.approx(_hand_advantages(estimator, rec, G), rel=1e-4, abs=1e-5)
+        elif estimator == "remax":  # the greedy completion's reward is the baseline
+            want = (rec.scores - rec.greedy_scores[:, None]).reshape(-1)
+            assert rec.greedy_scores is not None and adv[:, 0].tolist() == pytest.approx(want.tolist(), abs=1e-6)
+        elif estimator == "opo":  # length-weighted group baseline
+            L = mask.sum(1).view(-1, G).float()
+            r = rec.scores
+            want = torch.where(r.std(1, keepdim=True) > 0, r - (L * r).sum(1, keepdim=True) / L.sum(1, keepdim=True), 0 * r)
+            assert adv[:, 0].tolist() == pytest.approx(want.reshape(-1).tolist(), abs=1e-6)
+        elif estimator == "grpo_passk":  # only each group's best sample is credited
+            assert ((adv[:, 0].view(-1, G) != 0).sum(1) <= 1).all()
+            r = rec.scores
+            best = r.argmax(1)
+            for p_, b in enumerate(best.tolist()):
+                top2 = r[p_].topk(2).values
+                want = float((top2[0] - top2[1]) / (r[p_].std() + 1e-6))
+                assert float(adv[p_ * G + b, 0]) == pytest.approx(want, rel=1e-5, abs=1e-6)
         elif estimator == "ppo":  # whitened GAE over the batch's valid tokens, value targets returned
             toks = torch.tensor(_valid_tokens(adv, mask))
             assert abs(float(toks.mean())) < 1e-5 and float(toks.std()) == pytest.approx(1.0, rel=1e-3)
@@ -183,10 +199,11 @@ def test_every_loss_aggregation(run_dir, dense_rewards, agg):
 
 
 @pytest.mark.parametrize("extra", [
-    ["ratio_level=sequence"], ["epsilon_high=0.28", "dual_clip=3.0"], ["entropy_coef=0.01"],
-    ["train.dynamic_sampling=true", "train.dynamic_sampling_max_rounds=2"],
+    ["policy_loss=gspo"], ["policy_loss.epsilon_high=0.28", "policy_loss.dual_clip=3.0"], ["entropy_coef=0.01"],
+    ["group_filter=dapo", "group_filter.max_rounds=2"], ["top_entropy_quantile=0.5"],
+    ["kl.controller=adaptive", "kl.horizon=100", "beta=0.1"],
     ["overlong.mask_truncated=true", "overlong.buffer=4"], ["train.lr_schedule=cosine", "train.warmup_steps=1"],
-    ["advantage=ppo", "advantage.critic_warmup_steps=1", "advantage.critic_init=random"],
+    ["advantage=ppo", "critic.warmup_steps=1", "critic.init=random"],
 ])
 def test_options_run(run_dir, extra):
     _, run, _ = run_job(*extra)
@@ -195,18 +212,19 @@ def test_options_run(run_dir, extra):
 
 def test_mu1_is_on_policy_end_to_end(run_dir):
     """mu=1: the ratio is exactly 1 and the clip fraction exactly 0 at every step."""
-    _, run, history = run_job("mu=1", "train.lr=1e-2", "epsilon=0.01")
+    _, run, history = run_job("mu=1", "train.lr=1e-2", "policy_loss.epsilon=0.01")
     assert all(v == 0.0 for _, v in history("train/clip_frac"))
     assert all(v == 1.0 for _, v in history("train/ratio_mean"))
     _, run, history = run_job("mu=2")
     assert run.info.status == "FINISHED"
 
 
-RECIPE_EPS = {"trl_grpo": 1e-4, "openrlhf_group_norm": 1e-9, "verl_grpo": 1e-6, "dapo": 1e-6, "cs336_grpo": 1e-6}
+RECIPE_EPS = {"trl_grpo": 1e-4, "openrlhf_group_norm": 1e-9, "verl_grpo": 1e-6, "dapo": 1e-6, "cs336_grpo": 1e-6,
+              "gspo": 1e-6}
 
 
 @pytest.mark.parametrize("recipe", ["trl_grpo", "dr_grpo", "dapo", "verl_grpo", "openrlhf_group_norm",
-                                    "cs336_grpo"])
+                                    "cs336_grpo", "gspo"])
 def test_every_recipe_runs_with_its_advantages(run_dir, dense_rewards, recipe):
     """Each recipe's run uses its convention's advantages: its eps in the std (TRL 1e-4, OpenRLHF
     1e-9, verl 1e-6) or no std at all (Dr. GRPO), computed by hand from the step's rewards."""
@@ -268,3 +286,59 @@ def test_real_data_tasks_run(run_dir, task):
     _, run, _ = run_job(f"task={task}", "train.steps=1", "eval.size=3")
     assert run.data.tags["task"] == task and run.info.status == "FINISHED"
     assert run.data.metrics["verifier/timeouts"] == 0.0
+
+
+def _agg_token_mean(x, mask):
+    return float((x * mask).sum() / mask.sum())
+
+
+def _agg_seq_mean(x, mask):
+    L = mask.sum(1)
+    keep = L > 0
+    return float(((x * mask).sum(1)[keep] / L[keep]).mean())
+
+
+@pytest.mark.parametrize("loss", ["ppo_clip", "gspo", "cispo", "sapo", "gmpo", "clip_cov", "kl_cov", "pg"])
+def test_every_policy_loss_runs_with_its_step1_loss(run_dir, dense_rewards, loss):
+    """2 steps end to end; the step-1 loss (on-policy: ratio 1, KL 0) equals the loss's own
+    formula applied by hand to the step's advantages and log-probs, and differs from what
+    plain PPO-clip (-A) would give where the loss changes the value on-policy."""
+    extra = {"clip_cov": ["policy_loss.clip_cov_lb=-100", "policy_loss.clip_cov_ratio=0.2"],
+             "gmpo": ["loss_agg=seq-mean-token-mean"], "gspo": ["loss_agg=seq-mean-token-mean"],
+             "sapo": ["loss_agg=seq-mean-token-mean"]}.get(loss, [])
+    records = []
+    _, run, history = run_job(f"policy_loss={loss}", "beta=0", *extra, on_step=records.append)
+    assert run.info.status == "FINISHED" and all(math.isfinite(v) for _, v in history("train/loss"))
+    rec = records[0]
+    A, m, logp = rec.advantages.double(), rec.loss_mask.double(), rec.logprobs.double()
+    agg = _agg_seq_mean if extra and "seq-mean" in extra[-1] else _agg_token_mean
+    ppo_value = agg(-A, m)
+    logged = dict(history("train/loss"))[1]
+    if loss in ("ppo_clip", "gspo", "gmpo", "kl_cov"):  # on-policy these equal -A
+        assert logged == pytest.approx(ppo_value, rel=1e-5, abs=1e-7)
+    elif loss in ("cispo", "pg"):  # -w A log pi with w = 1 on-policy
+        want = agg(-A * logp, m)
+        assert logged == pytest.approx(want, rel=1e-5) and abs(want - ppo_value) > 1e-3
+    elif loss == "sapo":  # -(4 / tau) sigmoid(0) A = -(2 / tau) A
+        tau = torch.where(A > 0, 1.0, 1.05)
+        want = agg(-2.0 / tau * A, m)
+        assert logged == pytest.approx(want, rel=1e-5) and abs(want - ppo_value) > 1e-6
+    else:  # clip_cov: the selected tokens carry no loss
+        sel = dict(history("train/cov_selected_frac"))[1]
+        assert sel > 0 and abs(logged - ppo_value) > 1e-6
+
+
+def test_top_entropy_quantile_and_adaptive_kl_act_end_to_end(run_dir, dense_rewards):
+    """top_entropy_quantile=0.5 keeps the loss on about half the tokens; the adaptive controller
+    moves beta by the formula (kl below target: beta shrinks by up to 20% x B / horizon)."""
+    records = []
+    _, run, history = run_job("top_entropy_quantile=0.5", "beta=0.1", "kl.controller=adaptive", "kl.target=1.0",
+                              "kl.horizon=10", on_step=records.append)
+    frac = dict(history("train/tokens_selected_frac"))
+    assert all(0.4 <= v <= 0.7 for v in frac.values()), frac
+    coef = dict(history("train/kl_coef"))
+    kl = dict(history("train/kl"))
+    B = records[0].batch.num_sequences
+    assert coef[1] == pytest.approx(0.1)
+    err = min(max(kl[1] / 1.0 - 1.0, -0.2), 0.2)
+    assert coef[2] == pytest.approx(0.1 * (1 + err * B / 10), rel=1e-6) and coef[2] < 0.1

@@ -150,3 +150,16 @@ def test_cs336_grpo():
     for b, t, r in tokens():
         per_seq[b] += ppo_clip_token(r, a[b], 0.2, 0.2) / LENGTHS[b]
     assert loss == pytest.approx(sum(per_seq) / 8, rel=1e-6)
+
+
+def test_gspo():
+    """GSPO: s_i = exp(mean_t log(pi/pi_old)) clipped to [1 - 3e-4, 1 + 4e-4]; the loss is the
+    mean over sequences of -min(s_i A_i, clip(s_i) A_i) (the paper's 1/G), no KL."""
+    cfg, adv, loss = harness_side("gspo")
+    a = group_z(1e-6)
+    assert adv[:, 0].tolist() == pytest.approx(a, rel=1e-6)
+    per_seq = []
+    for b in range(8):
+        s = math.exp(sum(float(LOGP[b, t] - OLD[b, t]) for t in range(LENGTHS[b])) / LENGTHS[b])
+        per_seq.append(max(-a[b] * s, -a[b] * min(max(s, 1 - 3e-4), 1 + 4e-4)))
+    assert loss == pytest.approx(sum(per_seq) / 8, rel=1e-6)

@@ -31,7 +31,6 @@ def _compose(*overrides: str):
 
 # Every value a recipe promises (dotted keys). Keys absent here are left to the primary config.
 _COMMON = {
-    "ratio_level": "token",
     "mu": 1,
     "entropy_coef": 0.0,
     "kl.form": "k3",
@@ -45,51 +44,64 @@ EXPECTED = {
         **_COMMON,
         "advantage.name": "grpo", "advantage.scale": "group", "advantage.eps": 1e-4,
         "advantage.unbiased": True,
-        "group_size": 8, "epsilon": 0.2, "epsilon_high": None, "dual_clip": None, "beta": 0.0,
+        "group_size": 8, "policy_loss.name": "ppo_clip", "policy_loss.epsilon": 0.2,
+        "policy_loss.epsilon_high": None, "policy_loss.dual_clip": None, "beta": 0.0,
         "loss_agg.name": "token-mean", "overlong.mask_truncated": False, "overlong.buffer": 0,
-        "train.dynamic_sampling": False, "train.lr": 1e-6, "train.lr_schedule": "linear",
+        "group_filter.name": "none", "train.lr": 1e-6, "train.lr_schedule": "linear",
         "train.adam_betas": [0.9, 0.999], "train.weight_decay": 0.0, "train.max_grad_norm": 1.0,
     },
     "dr_grpo": {
         **_COMMON,
         "advantage.name": "mean_only",
-        "group_size": 8, "epsilon": 0.2, "epsilon_high": None, "dual_clip": None, "beta": 0.0,
+        "group_size": 8, "policy_loss.name": "ppo_clip", "policy_loss.epsilon": 0.2,
+        "policy_loss.epsilon_high": None, "policy_loss.dual_clip": None, "beta": 0.0,
         "loss_agg.name": "seq-mean-token-sum-norm", "loss_agg.constant": None, "loss_agg.divide_by_seqs": True,
         "overlong.mask_truncated": False, "overlong.buffer": 0,
-        "train.dynamic_sampling": False, "train.lr": 1e-6, "train.lr_schedule": "constant",
+        "group_filter.name": "none", "train.lr": 1e-6, "train.lr_schedule": "constant",
     },
     "dapo": {
         **_COMMON,
         "advantage.name": "grpo", "advantage.scale": "group",
-        "group_size": 16, "epsilon": 0.2, "epsilon_high": 0.28, "dual_clip": None, "beta": 0.0,
+        "group_size": 16, "policy_loss.name": "ppo_clip", "policy_loss.epsilon": 0.2,
+        "policy_loss.epsilon_high": 0.28, "policy_loss.dual_clip": None, "beta": 0.0,
         "loss_agg.name": "token-mean", "overlong.mask_truncated": False, "overlong.buffer": 26,
-        "overlong.penalty": 1.0, "train.dynamic_sampling": True, "train.lr": 1e-6,
+        "overlong.penalty": 1.0, "group_filter.name": "dapo", "train.lr": 1e-6,
         "train.lr_schedule": "constant",
     },
     "verl_grpo": {
         **_COMMON,
         "advantage.name": "grpo", "advantage.scale": "group", "advantage.eps": 1e-6,
         "advantage.unbiased": True,
-        "group_size": 5, "epsilon": 0.2, "epsilon_high": None, "dual_clip": 3.0, "beta": 0.001, "kl.clamp": 10.0,
+        "group_size": 5, "policy_loss.name": "ppo_clip", "policy_loss.epsilon": 0.2,
+        "policy_loss.epsilon_high": None, "policy_loss.dual_clip": 3.0, "beta": 0.001, "kl.clamp": 10.0,
         "loss_agg.name": "token-mean", "overlong.mask_truncated": False, "overlong.buffer": 0,
-        "train.dynamic_sampling": False, "train.lr": 1e-6, "train.lr_schedule": "constant",
+        "group_filter.name": "none", "train.lr": 1e-6, "train.lr_schedule": "constant",
         "train.weight_decay": 0.01,
     },
     "openrlhf_group_norm": {
         **_COMMON,
         "advantage.name": "grpo", "advantage.scale": "group", "advantage.eps": 1e-9,
         "advantage.unbiased": True,
-        "group_size": 8, "epsilon": 0.2, "epsilon_high": None, "dual_clip": None, "beta": 0.001, "kl.clamp": 10.0,
+        "group_size": 8, "policy_loss.name": "ppo_clip", "policy_loss.epsilon": 0.2,
+        "policy_loss.epsilon_high": None, "policy_loss.dual_clip": None, "beta": 0.001, "kl.clamp": 10.0,
         "loss_agg.name": "token-mean", "overlong.mask_truncated": False, "overlong.buffer": 0,
-        "train.dynamic_sampling": False, "train.lr": 1e-6, "train.lr_schedule": "cosine",
+        "group_filter.name": "none", "train.lr": 1e-6, "train.lr_schedule": "cosine",
         "train.adam_betas": [0.9, 0.95], "train.weight_decay": 0.0, "train.max_grad_norm": 1.0,
+    },
+    "gspo": {
+        **_COMMON,
+        "advantage.name": "grpo", "advantage.scale": "group", "policy_loss.name": "gspo",
+        "policy_loss.epsilon": 3e-4, "policy_loss.epsilon_high": 4e-4, "beta": 0.0,
+        "loss_agg.name": "seq-mean-token-mean", "overlong.mask_truncated": False, "overlong.buffer": 0,
+        "group_filter.name": "none",
     },
     "cs336_grpo": {
         **_COMMON,
         "advantage.name": "grpo", "advantage.scale": "group", "advantage.eps": 1e-6,
-        "group_size": 8, "epsilon": 0.2, "epsilon_high": None, "dual_clip": None, "beta": 0.0,
+        "group_size": 8, "policy_loss.name": "ppo_clip", "policy_loss.epsilon": 0.2,
+        "policy_loss.epsilon_high": None, "policy_loss.dual_clip": None, "beta": 0.0,
         "loss_agg.name": "seq-mean-token-mean", "overlong.mask_truncated": False, "overlong.buffer": 0,
-        "train.dynamic_sampling": False, "train.lr": 1e-5, "train.lr_schedule": "constant",
+        "group_filter.name": "none", "train.lr": 1e-5, "train.lr_schedule": "constant",
         "train.adam_betas": [0.9, 0.95], "train.weight_decay": 0.0, "train.max_grad_norm": 1.0,
     },
 }
@@ -136,11 +148,11 @@ def test_recipe_overrides_primary_config():
 
 
 def test_command_line_wins_over_recipe():
-    cfg = _compose("recipe=dapo", "epsilon_high=0.3", "train.dynamic_sampling=false", "overlong.buffer=8")
-    assert cfg.epsilon_high == pytest.approx(0.3)
-    assert cfg.train.dynamic_sampling is False
+    cfg = _compose("recipe=dapo", "policy_loss.epsilon_high=0.3", "group_filter=none", "overlong.buffer=8")
+    assert cfg.policy_loss.epsilon_high == pytest.approx(0.3)
+    assert cfg.group_filter.name == "none"
     assert cfg.overlong.buffer == 8
-    assert cfg.epsilon == pytest.approx(0.2)  # untouched recipe values stay
+    assert cfg.policy_loss.epsilon == pytest.approx(0.2)  # untouched recipe values stay
     validate(cfg)
 
 

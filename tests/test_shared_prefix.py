@@ -3,7 +3,9 @@
 import pytest
 import torch
 
-from harness.logprobs import ValueModel, prompt_groups, token_logprobs
+from harness.critic import ValueModel
+from harness.kv import prompt_groups
+from harness.logprobs import token_logprobs
 from harness.update import TrainBatch, batched_logprobs, length_order, padding_waste, policy_pass
 from tests.conftest import compose, tiny_llama
 
@@ -65,7 +67,7 @@ def test_policy_pass_gradient_same_with_and_without_sharing(tokenizer):
     grads = []
     for share in (False, True):
         model = tiny_llama(tokenizer)
-        s = compose("epsilon=0.2", "beta=0.0", "entropy_coef=0.01", "loss_agg=seq-mean-token-mean",
+        s = compose("policy_loss.epsilon=0.2", "beta=0.0", "entropy_coef=0.01", "loss_agg=seq-mean-token-mean",
                     "rollout.temperature=0.7", "train.logprob_chunk=4", f"train.share_prefix={share}")
         stats = policy_pass(model, TrainBatch(p_ids, p_mask, c_ids, c_mask, adv), s, micro_batch_size=4)
         grads.append(_grads(model))

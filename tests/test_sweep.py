@@ -146,7 +146,7 @@ def test_group_option_as_categorical_param(sweep_dir):
     assert cfg.advantage.name == "rloo" and cfg.group_size == 16 and cfg.task.name == "arith"
     assert sw.compose(["advantage=mean_only"]).advantage.name == "mean_only"
     spec = sw.load_sweep(ROOT / "sweeps" / "arith_grpo_lr_eps_beta.yaml")
-    assert [p.name for p in spec.params] == ["train.lr", "epsilon", "beta"] and spec.params[0].log
+    assert [p.name for p in spec.params] == ["train.lr", "policy_loss.epsilon", "beta"] and spec.params[0].log
     sw.preflight(spec, spec.overrides)
 
 

@@ -22,7 +22,7 @@ def _batch(tokenizer, B=6, Tp=5, Tc=7, seed=0):
 
 def _settings(*overrides):
     """The run config the loss reads (there is no separate loss-settings object)."""
-    return compose("epsilon=0.05", "beta=0.0", "train.logprob_chunk=4", "train.share_prefix=false",
+    return compose("policy_loss.epsilon=0.05", "beta=0.0", "train.logprob_chunk=4", "train.share_prefix=false",
                    "rollout.temperature=1.0", *overrides)
 
 

@@ -8,7 +8,7 @@ tokens), ``[P, G]`` prompt groups with ``B = P * G`` and group-major rows
 
 from .advantages import OUTCOME_ESTIMATORS, compute_advantages, outcome_requires_groups
 from .gae import gae, reinforce_pp_returns
-from .kl import KL_ESTIMATORS, kl_penalty
+from .kl import KL_CONTROLLERS, KL_ESTIMATORS, kl_penalty
 from .losses import (
     LOSS_AGGREGATIONS,
     RATIO_LEVELS,
@@ -17,6 +17,8 @@ from .losses import (
     policy_loss,
     value_loss,
 )
+from .filters import GROUP_FILTERS
+from .policy_losses import POLICY_LOSSES
 from .registry import Registry
 from .token_estimators import (
     TOKEN_ESTIMATORS,
@@ -58,6 +60,9 @@ __all__ = [
     "OUTCOME_ESTIMATORS",
     "TOKEN_ESTIMATORS",
     "KL_ESTIMATORS",
+    "KL_CONTROLLERS",
     "LOSS_AGGREGATIONS",
+    "POLICY_LOSSES",
+    "GROUP_FILTERS",
     "RATIO_LEVELS",
 ]

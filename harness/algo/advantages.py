@@ -249,6 +249,43 @@ def reinforce_advantages(rewards: Tensor, valid: Tensor, p: ReinforceParams, sta
     return _finalise(rewards - b, valid)
 
 
+@dataclass
+class GRPOPassKParams:
+    """``advantage=grpo_passk``: pass@k-oriented group advantage (verl ``grpo_passk``)."""
+
+    name: str = "grpo_passk"
+    eps: float = 1e-6
+    scale: bool = True  # divide by the group's std (verl norm_adv_by_std_in_grpo)
+
+
+@OUTCOME_ESTIMATORS.register("grpo_passk", params=GRPOPassKParams, grouped=True)
+def grpo_passk_advantages(rewards: Tensor, valid: Tensor, p: GRPOPassKParams, state: Optional[Dict] = None) -> Tensor:
+    """Pass@k advantage: only the group's best completion is credited.
+
+    Shapes: ``rewards``, ``valid``: ``[P, G]`` -> ``[P, G]``.
+
+    Formula (verl ``compute_grpo_passk_outcome_advantage``, after arXiv 2503.19595): in each
+    group the top valid completion gets ``A = (r_max - r_second) / (std + eps)`` (``std`` the
+    Bessel-corrected std of the group's valid rewards; no division with ``scale=false``), every
+    other completion 0. A tie at the top gives 0. Optimises the best of k samples rather than
+    the mean.
+
+    Raises:
+        ValueError: ``p.eps < 0``.
+    """
+    if p.eps < 0:
+        raise ValueError(f"advantage.eps must be >= 0, got {p.eps}")
+    n, _, degenerate = _group_stats(rewards, valid)
+    low = torch.finfo(rewards.dtype).min
+    masked = torch.where(valid, rewards, torch.full_like(rewards, low))
+    top2 = masked.topk(2, dim=-1)
+    gap = top2.values[:, :1] - top2.values[:, 1:2]
+    if p.scale:
+        gap = gap / (masked_var(rewards, valid, unbiased=True, dim=-1, keepdim=True).sqrt() + p.eps)
+    adv = torch.zeros_like(rewards).scatter(-1, top2.indices[:, :1], gap)
+    return _finalise(adv, valid, degenerate)
+
+
 # --------------------------------------------------------------------------- dispatch
 
 
@@ -309,4 +346,5 @@ __all__ = [
     "MeanOnlyParams",
     "RLOOParams",
     "ReinforceParams",
+    "GRPOPassKParams",
 ]

@@ -123,4 +123,32 @@ def kl_penalty(
     return kl
 
 
-__all__ = ["KL_ESTIMATORS", "kl_penalty", "kl_k1", "kl_k2", "kl_k3"]
+KL_CONTROLLERS: Registry = Registry("KL controller")
+
+
+@KL_CONTROLLERS.register("fixed")
+def fixed_kl_coef(beta: float, current_kl: float, n_samples: int, target: float, horizon: int) -> float:
+    """``kl.controller=fixed``: the coefficient stays ``beta``."""
+    return beta
+
+
+@KL_CONTROLLERS.register("adaptive", needs=("target", "horizon"))
+def adaptive_kl_coef(beta: float, current_kl: float, n_samples: int, target: float, horizon: int) -> float:
+    """``kl.controller=adaptive``: proportional control of the KL coefficient towards ``target``.
+
+    Formula (Ziegler et al. 2019, "Fine-Tuning Language Models from Human Preferences", sec. 2.2;
+    verl ``AdaptiveKLController``): ``e = clip(current_kl / target - 1, -0.2, 0.2)`` and
+    ``beta <- beta * (1 + e * n_samples / horizon)``, with ``current_kl`` the step's mean
+    per-token KL and ``n_samples`` its number of completions (verl passes the batch size).
+
+    Raises:
+        ValueError: ``target <= 0`` or ``horizon < 1``.
+    """
+    if not target > 0 or horizon < 1:
+        raise ValueError(f"kl.target={target}, kl.horizon={horizon}: expected target > 0 and horizon >= 1")
+    err = min(max(current_kl / target - 1.0, -0.2), 0.2)
+    return beta * (1.0 + err * n_samples / horizon)
+
+
+__all__ = ["KL_ESTIMATORS", "KL_CONTROLLERS", "kl_penalty", "kl_k1", "kl_k2", "kl_k3", "fixed_kl_coef",
+           "adaptive_kl_coef"]

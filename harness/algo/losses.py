@@ -75,6 +75,30 @@ def sequence_log_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> 
 # --------------------------------------------------------------------------- policy
 
 
+def token_advantages(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
+    """Check the shapes of a policy-loss call and return the advantages as a detached ``[B, T]``.
+
+    ``advantages`` may be ``[B, T]``, ``[B, 1]`` or ``[B]`` (broadcast over tokens).
+
+    Raises:
+        ValueError: ``logprobs`` not ``[B, T]``, another tensor of a different shape, or
+            advantages of none of the accepted shapes.
+    """
+    _check_like(logprobs, "logprobs", old_logprobs=old_logprobs, mask=mask)
+    B, T = logprobs.shape
+    if not isinstance(advantages, Tensor):
+        raise ValueError(f"advantages must be a tensor, got {type(advantages).__name__}")
+    if advantages.shape == (B,):
+        advantages = advantages.unsqueeze(-1)
+    if advantages.shape not in ((B, 1), (B, T)):
+        raise ValueError(
+            f"advantages must have shape [B, T]=[{B}, {T}], [B, 1] or [B], "
+            f"got {shape_str(advantages)}"
+        )
+    return advantages.detach().to(logprobs.dtype).expand(B, T)
+
+
+
 def policy_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -119,27 +143,16 @@ def policy_loss(
             valid names).
     """
     log_ratio_fn = RATIO_LEVELS.get(ratio_level)
-    _check_like(logprobs, "logprobs", old_logprobs=old_logprobs, mask=mask)
-    B, T = logprobs.shape
-    if not isinstance(advantages, Tensor):
-        raise ValueError(f"advantages must be a tensor, got {type(advantages).__name__}")
-    if advantages.shape == (B,):
-        advantages = advantages.unsqueeze(-1)
-    if advantages.shape not in ((B, 1), (B, T)):
-        raise ValueError(
-            f"advantages must have shape [B, T]=[{B}, {T}], [B, 1] or [B], "
-            f"got {shape_str(advantages)}"
-        )
+    adv = token_advantages(logprobs, old_logprobs, advantages, mask)
     if epsilon is None or epsilon < 0:
-        raise ValueError(f"epsilon must be >= 0, got {epsilon}")
+        raise ValueError(f"policy_loss.epsilon must be >= 0, got {epsilon}")
     eps_low = float(epsilon)
     eps_high = eps_low if epsilon_high is None else float(epsilon_high)
     if eps_high < 0:
-        raise ValueError(f"epsilon_high must be None or >= 0, got {epsilon_high}")
+        raise ValueError(f"policy_loss.epsilon_high must be None or >= 0, got {epsilon_high}")
     if dual_clip is not None and not dual_clip > 1.0:
-        raise ValueError(f"dual_clip must be None or > 1, got {dual_clip}")
+        raise ValueError(f"policy_loss.dual_clip must be None or > 1, got {dual_clip}")
 
-    adv = advantages.detach().to(logprobs.dtype).expand(B, T)
     # where() keeps NaN/inf padding out of both the values and the gradients.
     log_ratio = _zero_masked(log_ratio_fn(logprobs, old_logprobs, mask), mask)
     ratio = torch.exp(log_ratio)

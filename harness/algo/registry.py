@@ -43,6 +43,7 @@ class Variant:
     params: Optional[type] = None
     grouped: bool = False
     needs: FrozenSet[str] = field(default_factory=frozenset)
+    aggregation: Optional[str] = None  # the loss aggregation the variant's paper prescribes (policy losses)
 
     def param_names(self) -> List[str]:
         """Names of the tunable fields (``name`` excluded)."""
@@ -96,7 +97,7 @@ class Registry(Generic[F]):
         self._items: Dict[str, Variant] = {}
 
     def register(self, name: str, *, params: Optional[type] = None, grouped: bool = False,
-                 needs: tuple = ()) -> Callable[[F], F]:
+                 needs: tuple = (), aggregation: Optional[str] = None) -> Callable[[F], F]:
         """Decorator registering ``fn`` under ``name`` and returning ``fn`` unchanged.
 
         Args:
@@ -104,6 +105,7 @@ class Registry(Generic[F]):
                 any, must default to ``name``.
             grouped: the variant needs groups of ``G >= 2`` completions per prompt.
             needs: extra inputs the trainer must compute (e.g. ``("values",)``).
+            aggregation: the ``loss_agg`` mode the variant's source prescribes, if any.
         """
         if not isinstance(name, str) or not name:
             raise ValueError(f"{self.kind} name must be a non-empty string, got {name!r}")
@@ -116,7 +118,7 @@ class Registry(Generic[F]):
         def decorator(fn: F) -> F:
             if name in self._items:
                 raise ValueError(f"{self.kind} {name!r} is already registered")
-            self._items[name] = Variant(name, fn, params, grouped, frozenset(needs))
+            self._items[name] = Variant(name, fn, params, grouped, frozenset(needs), aggregation)
             return fn
 
         return decorator

@@ -42,6 +42,7 @@ class AdvantageContext:
         values: ``[B, T]`` critic values (``ppo`` only).
         step_rewards: per row, a list of ``(end_index, reward)`` with the
             inclusive token index where a reasoning step ends (``process`` only).
+        greedy_scores: ``[P]`` reward of each prompt's greedy completion (``remax`` only).
         state: persistent estimator state across steps (EMA baseline); keep the
             same dict alive between calls.
     """
@@ -52,6 +53,7 @@ class AdvantageContext:
     values: Optional[Tensor] = None
     step_rewards: Optional[List[List[Tuple[int, float]]]] = None
     state: dict = field(default_factory=dict)
+    greedy_scores: Optional[Tensor] = None
 
 
 @dataclass
@@ -221,20 +223,15 @@ def reinforce_pp_baseline(ctx: AdvantageContext, p: ReinforcePPBaselineParams) -
 
 @dataclass
 class PPOParams:
-    """``advantage=ppo``: GAE with a learned critic. gamma=1: rewards are episodic and undiscounted
-    (the outcome reward sits on the last token); lam=0.95 as in the GAE paper and verl/OpenRLHF.
-    The critic fields are read by the trainer's critic (its model, optimizer and value loss)."""
+    """``advantage=ppo``: GAE with a learned critic (``critic.*``, harness/critic.py). gamma=1:
+    rewards are episodic and undiscounted (the outcome reward sits on the last token); lam=0.95
+    as in the GAE paper and verl/OpenRLHF."""
 
     name: str = "ppo"
     gamma: float = 1.0
     lam: float = 0.95
     whiten: bool = True  # whiten advantages over the batch's valid tokens
     unbiased: bool = True  # whitening variance: Bessel-corrected (verl) or population (OpenRLHF)
-    vf_coef: float = 0.5  # weight of the value loss
-    critic_lr: float = 1e-5
-    value_clip: float = 0.2  # clip range of the value update (CleanRL clip_vloss)
-    critic_warmup_steps: int = 0  # steps that train only the critic
-    critic_init: str = "policy"  # policy (copy the policy's weights) | random
 
 
 @TOKEN_ESTIMATORS.register("ppo", params=PPOParams, grouped=False, needs=("values",))
@@ -260,6 +257,72 @@ def ppo(ctx: AdvantageContext, p: PPOParams) -> AdvantageOutput:
     if p.whiten:
         adv = masked_whiten(adv, _float_mask(ctx), unbiased=p.unbiased)
     return AdvantageOutput(advantages=adv, returns=returns)
+
+
+# --------------------------------------------------------------------------- ReMax, OPO
+
+
+@dataclass
+class ReMaxParams:
+    """``advantage=remax``: ReMax (Li et al. 2023), the greedy completion's reward as baseline."""
+
+    name: str = "remax"
+
+
+@TOKEN_ESTIMATORS.register("remax", params=ReMaxParams, grouped=False, needs=("greedy",))
+def remax(ctx: AdvantageContext, p: ReMaxParams) -> AdvantageOutput:
+    """ReMax advantage: ``A_pg = r_pg - r_greedy(p)`` on every valid token.
+
+    Shapes: ``ctx.scores`` ``[P, G]``, ``ctx.greedy_scores`` ``[P]`` -> ``[B, T]``.
+
+    Formula (Li et al. 2023, "ReMax: A Simple, Effective, and Efficient Reinforcement Learning
+    Method for Aligning LLMs", Alg. 1; verl ``remax``): the baseline is the reward of one greedy
+    (temperature 0) completion of the same prompt, generated and scored by the trainer each step
+    (``needs=("greedy",)``). Works with ``group_size=1``.
+
+    Raises:
+        ValueError: ``ctx.greedy_scores`` missing or not ``[P]``; context shape errors.
+    """
+    P, G = _check_ctx(ctx, "remax")
+    if ctx.greedy_scores is None or tuple(ctx.greedy_scores.shape) != (P,):
+        raise ValueError(f"ctx.greedy_scores must be a [P]=[{P}] tensor of greedy rewards for estimator 'remax'")
+    m = _float_mask(ctx)
+    seq = ctx.scores.to(m.dtype) - ctx.greedy_scores.to(m.dtype).unsqueeze(-1)
+    valid = (ctx.mask.to(torch.bool).sum(-1) > 0).reshape(P, G)
+    return AdvantageOutput(advantages=_broadcast(torch.where(valid, seq, torch.zeros_like(seq)), m))
+
+
+@dataclass
+class OPOParams:
+    """``advantage=opo``: on-policy RL with the optimal reward baseline (Hao et al. 2025)."""
+
+    name: str = "opo"
+
+
+@TOKEN_ESTIMATORS.register("opo", params=OPOParams, grouped=True)
+def opo(ctx: AdvantageContext, p: OPOParams) -> AdvantageOutput:
+    """OPO advantage: ``A_i = r_i - b``, ``b = sum_j L_j r_j / sum_j L_j`` over the group.
+
+    Shapes: ``ctx.scores`` ``[P, G]``, ``ctx.mask`` ``[B, T]`` -> ``[B, T]``.
+
+    Formula (Hao et al. 2025, "On-Policy RL with Optimal Reward Baseline", eq. 5: the
+    variance-minimising baseline under the sequence-level gradient, with the gradient norm
+    approximated by the length ``L_j``; verl ``opo``). Rows with no valid token are excluded.
+    A group whose rewards are all equal gets 0.
+
+    Raises:
+        ValueError: context shape errors, ``G < 2``.
+    """
+    P, G = _check_ctx(ctx, "opo")
+    m = _float_mask(ctx)
+    lengths = m.sum(-1).reshape(P, G)
+    r = ctx.scores.to(m.dtype)
+    valid = lengths > 0
+    b = (lengths * r).sum(-1, keepdim=True) / lengths.sum(-1, keepdim=True).clamp(min=1)
+    hi = torch.where(valid, r, torch.full_like(r, -torch.inf)).amax(-1, keepdim=True)
+    lo = torch.where(valid, r, torch.full_like(r, torch.inf)).amin(-1, keepdim=True)
+    adv = torch.where(valid & (hi != lo), r - b, torch.zeros_like(r))
+    return AdvantageOutput(advantages=_broadcast(adv, m))
 
 
 # --------------------------------------------------------------------------- process
@@ -385,4 +448,6 @@ __all__ = [
     "ReinforcePPBaselineParams",
     "PPOParams",
     "ProcessParams",
+    "ReMaxParams",
+    "OPOParams",
 ]

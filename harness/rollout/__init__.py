@@ -4,21 +4,22 @@ from __future__ import annotations
 
 from harness.rollout.base import RolloutBackend, RolloutBatch, SamplingParams, concat_batches
 
-# A vLLM backend implements RolloutBackend (generate + sync_weights) and registers here.
-BACKENDS = ("hf",)
+# name -> "module:class"; a backend implements RolloutBackend (generate + sync_weights).
+BACKENDS = {"hf": "harness.rollout.hf:HFRollout"}
 
 
 def build_backend(name: str, model, tokenizer, **kwargs) -> RolloutBackend:
-    """Instantiate a backend.
+    """Instantiate the backend registered as ``name`` (imported on first use).
 
     Raises:
         ValueError: unknown name (lists the valid ones).
     """
-    if name == "hf":
-        from harness.rollout.hf import HFRollout
+    import importlib
 
-        return HFRollout(model, tokenizer, **kwargs)
-    raise ValueError(f"rollout.backend={name!r}: expected one of {list(BACKENDS)}")
+    if name not in BACKENDS:
+        raise ValueError(f"rollout.backend={name!r}: expected one of {sorted(BACKENDS)}")
+    module, cls = BACKENDS[name].split(":")
+    return getattr(importlib.import_module(module), cls)(model, tokenizer, **kwargs)
 
 
 __all__ = ["RolloutBackend", "RolloutBatch", "SamplingParams", "build_backend", "concat_batches"]

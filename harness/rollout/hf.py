@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from tqdm.auto import tqdm
 
-from harness.logprobs import cache_kwarg, prompt_cache
+from harness.kv import cache_kwarg, prompt_cache
 from harness.rollout.base import RolloutBatch, SamplingParams, concat_batches
 
 

@@ -1,0 +1,60 @@
+"""Group filters registered by name (``group_filter=<name>``): which sampled groups a step keeps.
+
+Signature ``fn(rewards [P, G], p) -> keep [P] bool``; the params dataclass also declares how
+many rounds of sampling a step may take (``max_rounds``) to refill the dropped groups. The
+trainer samples, scores, filters, and samples again while fewer than ``train.prompts_per_step``
+groups are kept and rounds remain.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .registry import Registry
+
+GROUP_FILTERS: Registry = Registry("group filter")
+
+
+@dataclass
+class NoFilterParams:
+    """``group_filter=none``: every group is kept, one round of sampling per step."""
+
+    name: str = "none"
+
+    @property
+    def max_rounds(self) -> int:
+        return 1
+
+
+@GROUP_FILTERS.register("none", params=NoFilterParams)
+def keep_all(rewards: Tensor, p: NoFilterParams) -> Tensor:
+    """Keep every group. Shapes: ``rewards`` ``[P, G]`` -> ``[P]`` all True."""
+    return torch.ones(rewards.shape[0], dtype=torch.bool)
+
+
+@dataclass
+class DAPOFilterParams:
+    """``group_filter=dapo``: DAPO dynamic sampling (Yu et al. 2025, sec. 3.2)."""
+
+    name: str = "dapo"
+    max_rounds: int = 3  # sampling rounds per step at most (verl bounds this with max_num_gen_batches)
+
+
+@GROUP_FILTERS.register("dapo", params=DAPOFilterParams)
+def dapo(rewards: Tensor, p: DAPOFilterParams) -> Tensor:
+    """Keep groups whose rewards are not all equal (their std is > 0): a group where every
+    completion scores the same carries no group-relative signal (DAPO eq. 11, the constraint
+    ``0 < |{o_i correct}| < G``; verl ``algorithm.filter_groups``). Shapes: ``[P, G]`` -> ``[P]``.
+
+    Raises:
+        ValueError: ``p.max_rounds < 1``.
+    """
+    if p.max_rounds < 1:
+        raise ValueError(f"group_filter.max_rounds must be >= 1, got {p.max_rounds}")
+    return rewards.std(dim=1) > 0
+
+
+__all__ = ["GROUP_FILTERS", "keep_all", "dapo", "NoFilterParams", "DAPOFilterParams"]

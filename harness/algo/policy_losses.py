@@ -1,0 +1,326 @@
+"""Policy losses registered by name (``policy_loss=<name>``), each with its params dataclass.
+
+Uniform signature::
+
+    fn(logprobs, old_logprobs, advantages, mask, p, weights=None) -> (per_token_loss [B, T], stats)
+
+``logprobs`` ``[B, T]`` require grad; ``old_logprobs`` ``[B, T]`` are the behaviour policy's
+(``logprobs.detach()`` on-policy); ``advantages`` ``[B, T]`` (or ``[B, 1]`` / ``[B]``);
+``mask`` ``[B, T]`` float; ``p`` the params dataclass (the Hydra schema of that option, and the
+only place its defaults live); ``weights`` an optional detached ``[B, T]`` per-token importance
+weight (rollout correction) that multiplies the per-token loss, as verl applies
+``rollout_is_weights``. The per-token loss is 0 at masked positions and is aggregated by
+``loss_agg`` afterwards; a loss whose paper prescribes an aggregation declares it
+(``aggregation=...``) and startup warns when the run uses another one.
+
+Stats are detached 0-dim tensors, means over valid tokens: every loss reports ``ratio_mean``,
+``approx_kl`` (k3 of the token ratio, ``KL(pi_old || pi)``) and ``clip_frac`` (the fraction of
+tokens whose gradient the loss's clip or selection removes or bounds), plus its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from .losses import _check_like, _zero_masked, policy_loss, token_advantages, token_log_ratio
+from .registry import Registry
+from .utils import masked_mean
+
+POLICY_LOSSES: Registry = Registry("policy loss")
+
+Stats = Dict[str, Tensor]
+
+
+def _weighted(loss: Tensor, weights: Optional[Tensor], mask: Tensor) -> Tensor:
+    if weights is not None:
+        _check_like(loss, "per_token_loss", weights=weights)
+        loss = loss * weights.detach()
+    return _zero_masked(loss, mask)
+
+
+def _ratio_stats(logprobs, old_logprobs, mask) -> Stats:
+    with torch.no_grad():
+        lr = _zero_masked(token_log_ratio(logprobs.detach(), old_logprobs, mask), mask)
+        return {"ratio_mean": masked_mean(torch.exp(lr), mask), "approx_kl": masked_mean(torch.expm1(lr) - lr, mask)}
+
+
+def _check_eps(name: str, value, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if value is None or value < 0:
+        raise ValueError(f"policy_loss.{name} must be >= 0, got {value}")
+
+
+# --------------------------------------------------------------------------- PPO clip
+
+
+@dataclass
+class PPOClipParams:
+    """``policy_loss=ppo_clip``: PPO's clipped surrogate, DAPO clip-higher, dual-clip."""
+
+    name: str = "ppo_clip"
+    epsilon: float = 0.2  # clip range; the low side, and the high side unless epsilon_high
+    epsilon_high: Optional[float] = None  # DAPO clip-higher (0.28 there); None = epsilon
+    dual_clip: Optional[float] = None  # dual-clip constant c > 1 for A < 0 (verl clip_ratio_c=3)
+
+
+@POLICY_LOSSES.register("ppo_clip", params=PPOClipParams)
+def ppo_clip(logprobs, old_logprobs, advantages, mask, p: PPOClipParams, weights=None) -> Tuple[Tensor, Stats]:
+    """PPO clipped surrogate per token (Schulman et al. 2017, eq. 7), decoupled clip range
+    (DAPO "Clip-Higher", Yu et al. 2025 sec. 3.1) and dual-clip (Ye et al. 2020 sec. 3.3):
+    ``L = -min(r A, clip(r, 1 - eps, 1 + eps_high) A)``, and ``min(L, -c A)`` where ``A < 0``.
+    Formula and stats: :func:`harness.algo.losses.policy_loss` (token ratio).
+
+    Raises:
+        ValueError: shape mismatch, negative epsilon, ``dual_clip <= 1``.
+    """
+    loss, stats = policy_loss(logprobs, old_logprobs, advantages, mask, epsilon=p.epsilon,
+                              epsilon_high=p.epsilon_high, dual_clip=p.dual_clip, ratio_level="token")
+    return _weighted(loss, weights, mask), stats
+
+
+# --------------------------------------------------------------------------- GSPO
+
+
+@dataclass
+class GSPOParams:
+    """``policy_loss=gspo``: Group Sequence Policy Optimization (Qwen, 2025)."""
+
+    name: str = "gspo"
+    epsilon: float = 3e-4  # GSPO paper sec. 5.1: left clip range 3e-4
+    epsilon_high: float = 4e-4  # and right clip range 4e-4 (sequence ratios sit very near 1)
+
+
+@POLICY_LOSSES.register("gspo", params=GSPOParams, aggregation="seq-mean-token-mean")
+def gspo(logprobs, old_logprobs, advantages, mask, p: GSPOParams, weights=None) -> Tuple[Tensor, Stats]:
+    """GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization", eqs. 5-7, GSPO-token):
+    the length-normalised sequence ratio ``s_i = exp(mean_t log(pi / pi_old))`` clipped to
+    ``[1 - eps, 1 + eps_high]``, applied per token as ``s_it = sg[s_i] pi_t / sg[pi_t]`` (value
+    ``s_i``, gradient ``s_i d log pi_t``), as verl ``compute_policy_loss_gspo``. The paper
+    averages over sequences: aggregate with ``loss_agg=seq-mean-token-mean`` (``recipe=gspo``).
+    """
+    _check_eps("epsilon", p.epsilon)
+    _check_eps("epsilon_high", p.epsilon_high)
+    loss, stats = policy_loss(logprobs, old_logprobs, advantages, mask, epsilon=p.epsilon,
+                              epsilon_high=p.epsilon_high, ratio_level="sequence")
+    return _weighted(loss, weights, mask), stats
+
+
+# --------------------------------------------------------------------------- CISPO
+
+
+@dataclass
+class CISPOParams:
+    """``policy_loss=cispo``: clipped IS-weight policy optimization (MiniMax-M1, 2025)."""
+
+    name: str = "cispo"
+    epsilon_low: Optional[float] = None  # None: no lower bound on the IS weight (the paper's choice)
+    epsilon_high: float = 4.0  # upper bound 1 + 4 = 5 (TRL's cispo caps the ratio at epsilon_high=5)
+
+
+@POLICY_LOSSES.register("cispo", params=CISPOParams)
+def cispo(logprobs, old_logprobs, advantages, mask, p: CISPOParams, weights=None) -> Tuple[Tensor, Stats]:
+    """CISPO (MiniMax 2025, "MiniMax-M1", sec. 3.1, eq. 4): REINFORCE with a clipped,
+    stop-gradient importance weight, so no token loses its gradient:
+    ``L = -sg(clip(r, 1 - eps_low, 1 + eps_high)) * A * log pi`` (verl ``cispo``; the lower
+    bound is off by default, as in the paper). ``clip_frac``: tokens whose weight was clipped.
+    """
+    _check_eps("epsilon_low", p.epsilon_low, allow_none=True)
+    _check_eps("epsilon_high", p.epsilon_high)
+    adv = token_advantages(logprobs, old_logprobs, advantages, mask)
+    ratio = torch.exp(token_log_ratio(logprobs, old_logprobs, mask)).detach()
+    lo = 0.0 if p.epsilon_low is None else 1.0 - p.epsilon_low
+    w = ratio.clamp(min=lo, max=1.0 + p.epsilon_high)
+    loss = _weighted(-w * adv * logprobs, weights, mask)
+    stats = _ratio_stats(logprobs, old_logprobs, mask)
+    stats["clip_frac"] = masked_mean((w != ratio).to(ratio.dtype), mask)
+    return loss, stats
+
+
+# --------------------------------------------------------------------------- SAPO
+
+
+@dataclass
+class SAPOParams:
+    """``policy_loss=sapo``: Soft Adaptive Policy Optimization (Qwen, 2025)."""
+
+    name: str = "sapo"
+    tau_pos: float = 1.0  # gate temperature for A > 0 (paper, TRL sapo_temperature_pos)
+    tau_neg: float = 1.05  # for A <= 0: tau_neg > tau_pos decays negative-token gradients faster
+
+
+@POLICY_LOSSES.register("sapo", params=SAPOParams, aggregation="seq-mean-token-mean")
+def sapo(logprobs, old_logprobs, advantages, mask, p: SAPOParams, weights=None) -> Tuple[Tensor, Stats]:
+    """SAPO (Gao et al. 2025, "Soft Adaptive Policy Optimization"): a smooth gate replaces the
+    hard clip, ``L = -f_tau(r) A`` with ``f_tau(r) = sigmoid(tau (r - 1)) * 4 / tau``, ``tau =
+    tau_pos`` where ``A > 0`` else ``tau_neg`` (verl ``sapo``, TRL ``loss_type="sapo"``). The
+    gradient weight ``4 sigma (1 - sigma) r`` is ``r`` at ``r = 1`` and decays smoothly off-policy.
+    ``clip_frac``: tokens whose gate weight fell below 1/2 of its on-policy value.
+    """
+    if not (p.tau_pos > 0 and p.tau_neg > 0):
+        raise ValueError(f"policy_loss.tau_pos and tau_neg must be > 0, got {p.tau_pos}, {p.tau_neg}")
+    adv = token_advantages(logprobs, old_logprobs, advantages, mask)
+    ratio = torch.exp(token_log_ratio(logprobs, old_logprobs, mask))
+    tau = torch.where(adv > 0, torch.full_like(adv, p.tau_pos), torch.full_like(adv, p.tau_neg))
+    gate = torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
+    loss = _weighted(-gate * adv, weights, mask)
+    stats = _ratio_stats(logprobs, old_logprobs, mask)
+    with torch.no_grad():
+        sig = torch.sigmoid(tau * (ratio - 1.0))
+        stats["clip_frac"] = masked_mean((4 * sig * (1 - sig) < 0.5).to(ratio.dtype), mask)
+    return loss, stats
+
+
+# --------------------------------------------------------------------------- GMPO
+
+
+@dataclass
+class GMPOParams:
+    """``policy_loss=gmpo``: Geometric-Mean Policy Optimization (Zhao et al. 2025)."""
+
+    name: str = "gmpo"
+    epsilon: float = 0.4  # clip of the token log-ratio, low side: [-0.4, 0.4] in the paper
+    epsilon_high: Optional[float] = None  # high side; None = epsilon
+
+
+@POLICY_LOSSES.register("gmpo", params=GMPOParams, aggregation="seq-mean-token-mean")
+def gmpo(logprobs, old_logprobs, advantages, mask, p: GMPOParams, weights=None) -> Tuple[Tensor, Stats]:
+    """GMPO (Zhao et al. 2025, "Geometric-Mean Policy Optimization", eq. 4): the sequence
+    objective is the geometric mean of the clipped token ratios, clipped in log space,
+    ``L_i = -A_i exp(mean_t sgn(A) min(sgn(A) log r_t, sgn(A) clip(log r_t, -eps, eps_high)))``
+    (verl ``geo_mean``; ``A_i`` the row's mean advantage). Placed at each of the row's tokens in
+    value, so ``loss_agg=seq-mean-token-mean`` gives the mean over sequences of ``L_i`` with its
+    exact gradient. ``weights`` enter as their per-row geometric mean (verl).
+    """
+    _check_eps("epsilon", p.epsilon)
+    hi = p.epsilon if p.epsilon_high is None else p.epsilon_high
+    _check_eps("epsilon_high", hi)
+    adv = token_advantages(logprobs, old_logprobs, advantages, mask)
+    lr = _zero_masked(logprobs - old_logprobs, mask)
+    sgn = torch.sign(adv)
+    clamped = lr.clamp(-p.epsilon, hi)
+    lr_min = sgn * torch.minimum(sgn * lr, sgn * clamped)
+    n = mask.sum(-1).clamp(min=1)
+    seq_ratio = torch.exp((lr_min * mask).sum(-1) / n)  # [B]
+    seq_adv = (adv * mask).sum(-1) / n
+    seq_loss = -seq_adv * seq_ratio
+    if weights is not None:
+        seq_loss = seq_loss * torch.exp((torch.log(weights.detach() + 1e-10) * mask).sum(-1) / n)
+    loss = _zero_masked(seq_loss.unsqueeze(-1).expand_as(lr), mask)
+    stats = _ratio_stats(logprobs, old_logprobs, mask)
+    stats["clip_frac"] = masked_mean((lr != clamped).to(lr.dtype), mask)
+    return loss, stats
+
+
+# --------------------------------------------------------------------------- Clip-Cov / KL-Cov
+
+
+def _covariance(adv: Tensor, logprobs: Tensor, mask: Tensor) -> Tensor:
+    """Per-token ``(A - mean A)(log pi - mean log pi)`` with means over the valid tokens."""
+    lp = logprobs.detach()
+    return (adv - masked_mean(adv, mask)) * (lp - masked_mean(lp, mask))
+
+
+@dataclass
+class ClipCovParams:
+    """``policy_loss=clip_cov``: Clip-Cov (Cui et al. 2025)."""
+
+    name: str = "clip_cov"
+    epsilon: float = 0.2
+    epsilon_high: Optional[float] = None
+    clip_cov_ratio: float = 2e-4  # fraction of valid tokens whose gradient is detached
+    clip_cov_lb: float = 1.0  # tokens are drawn among covariances in (lb, ub)
+    clip_cov_ub: float = 5.0
+
+
+@POLICY_LOSSES.register("clip_cov", params=ClipCovParams)
+def clip_cov(logprobs, old_logprobs, advantages, mask, p: ClipCovParams, weights=None) -> Tuple[Tensor, Stats]:
+    """Clip-Cov (Cui et al. 2025, "The Entropy Mechanism of Reinforcement Learning for Reasoning
+    Language Models", sec. 4, Alg. 1): the PPO-clip loss, with the gradient detached on
+    ``max(1, floor(clip_cov_ratio * N))`` tokens drawn at random among those (not already
+    clipped) whose covariance ``(A - mean A)(log pi - mean log pi)`` lies in ``(lb, ub)``
+    (verl ``clip_cov``). The means are over the valid tokens of the batch passed in: a
+    micro-batch, as in verl. ``cov_selected_frac``: the detached fraction.
+    """
+    if not p.clip_cov_ratio > 0:
+        raise ValueError(f"policy_loss.clip_cov_ratio must be > 0, got {p.clip_cov_ratio}")
+    adv = token_advantages(logprobs, old_logprobs, advantages, mask)
+    loss, stats = policy_loss(logprobs, old_logprobs, adv, mask, epsilon=p.epsilon, epsilon_high=p.epsilon_high)
+    with torch.no_grad():
+        ratio = torch.exp(token_log_ratio(logprobs.detach(), old_logprobs, mask))
+        hi = p.epsilon if p.epsilon_high is None else p.epsilon_high
+        clipped = (-adv * ratio.clamp(1 - p.epsilon, 1 + hi) > -adv * ratio) & (mask > 0)
+        cov = _covariance(adv, logprobs, mask)
+        cand = ((cov > p.clip_cov_lb) & (cov < p.clip_cov_ub) & (mask > 0) & ~clipped).nonzero()
+        k = max(int(p.clip_cov_ratio * float(mask.sum())), 1)
+        chosen = cand[torch.randperm(len(cand))[:k]] if len(cand) else cand
+        keep = torch.ones_like(loss)
+        keep[chosen[:, 0], chosen[:, 1]] = 0.0
+    loss = _weighted(loss * keep, weights, mask)
+    stats["cov_selected_frac"] = masked_mean(1.0 - keep, mask)
+    return loss, stats
+
+
+@dataclass
+class KLCovParams:
+    """``policy_loss=kl_cov``: KL-Cov (Cui et al. 2025)."""
+
+    name: str = "kl_cov"
+    kl_cov_ratio: float = 2e-4  # fraction of valid tokens (largest covariance) that get the KL term
+    ppo_kl_coef: float = 1.0  # coefficient of |log r| on those tokens
+
+
+@POLICY_LOSSES.register("kl_cov", params=KLCovParams)
+def kl_cov(logprobs, old_logprobs, advantages, mask, p: KLCovParams, weights=None) -> Tuple[Tensor, Stats]:
+    """KL-Cov (Cui et al. 2025, sec. 4, Alg. 2): the unclipped surrogate ``-r A``, plus
+    ``ppo_kl_coef * |log r|`` on the ``max(1, floor(kl_cov_ratio * N))`` valid tokens with the
+    largest covariance ``(A - mean A)(log pi - mean log pi)`` (verl ``kl_cov``; means over the
+    batch passed in). ``cov_selected_frac``: the penalised fraction.
+    """
+    if not p.kl_cov_ratio > 0:
+        raise ValueError(f"policy_loss.kl_cov_ratio must be > 0, got {p.kl_cov_ratio}")
+    adv = token_advantages(logprobs, old_logprobs, advantages, mask)
+    lr = _zero_masked(token_log_ratio(logprobs, old_logprobs, mask), mask)
+    loss = -adv * torch.exp(lr)
+    with torch.no_grad():
+        cov = _covariance(adv, logprobs, mask).masked_fill(mask == 0, -torch.inf)
+        k = max(int(p.kl_cov_ratio * float(mask.sum())), 1)
+        top = torch.topk(cov.flatten(), min(k, int(mask.sum()) or 1)).indices
+        sel = torch.zeros_like(loss).flatten()
+        sel[top] = 1.0
+        sel = sel.view_as(loss) * (mask > 0)
+    loss = _weighted(loss + sel * p.ppo_kl_coef * lr.abs(), weights, mask)
+    stats = _ratio_stats(logprobs, old_logprobs, mask)
+    stats["clip_frac"] = torch.zeros((), dtype=loss.dtype)
+    stats["cov_selected_frac"] = masked_mean(sel, mask)
+    return loss, stats
+
+
+# --------------------------------------------------------------------------- vanilla PG
+
+
+@dataclass
+class PGParams:
+    """``policy_loss=pg``: vanilla policy gradient, no ratio, no clip."""
+
+    name: str = "pg"
+
+
+@POLICY_LOSSES.register("pg", params=PGParams)
+def pg(logprobs, old_logprobs, advantages, mask, p: PGParams, weights=None) -> Tuple[Tensor, Stats]:
+    """Vanilla policy gradient ``L = -A log pi`` (Williams 1992; GPG, Chu et al. 2025, "GPG: A
+    Simple and Strong Reinforcement Learning Baseline", eq. 3; verl ``gpg``). Off-policy data
+    (``mu > 1``) is not corrected: pass ``weights`` for that. ``clip_frac`` is 0.
+    """
+    adv = token_advantages(logprobs, old_logprobs, advantages, mask)
+    loss = _weighted(-adv * logprobs, weights, mask)
+    stats = _ratio_stats(logprobs, old_logprobs, mask)
+    stats["clip_frac"] = torch.zeros((), dtype=loss.dtype)
+    return loss, stats
+
+
+__all__ = ["POLICY_LOSSES", "ppo_clip", "gspo", "cispo", "sapo", "gmpo", "clip_cov", "kl_cov", "pg"]

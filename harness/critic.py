@@ -1,0 +1,128 @@
+"""The PPO critic as one component: value model, optimizer, value loss, warm-up, checkpoint state
+and metrics (configured under ``critic.*``).
+
+It is built when the advantage estimator declares that it needs values
+(``needs=("values",)``, e.g. ``advantage=ppo``), as CleanRL keeps ``Agent.critic`` beside its
+value loss. The trainer calls :meth:`Critic.values` before the advantages and
+:meth:`Critic.update` in each optimisation pass; nothing else in the trainer knows about it.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from harness.algo import aggregate_loss, aggregation_normalizers, explained_variance, value_loss
+from harness.logprobs import completion_hidden
+
+
+@dataclass
+class CriticConfig:
+    """``critic.*``: used when the estimator needs values (``advantage=ppo``)."""
+
+    lr: float = 1e-5  # the critic's own AdamW (betas train.adam_betas, torch's weight decay 0.01)
+    vf_coef: float = 0.5  # weight of the value loss
+    value_clip: Optional[float] = 0.2  # v_clip = v_old + clip(v - v_old, -c, c); null = unclipped
+    warmup_steps: int = 0  # the first N steps update only the critic (policy and lr schedule frozen)
+    init: str = "policy"  # policy: a copy of the policy's weights; random: the architecture re-initialised
+
+
+class ValueModel(torch.nn.Module):
+    """A causal LM body with a scalar value head.
+
+    ``values[b, t]`` is V(state before completion token t), read from the same hidden state
+    that predicts token t. The head starts at zero, so the first values are 0.
+    """
+
+    def __init__(self, lm, share_prefix: bool = False):
+        super().__init__()
+        self.lm = lm
+        self.share_prefix = share_prefix
+        self.value_head = torch.nn.Linear(lm.config.hidden_size, 1)
+        torch.nn.init.zeros_(self.value_head.weight)
+        torch.nn.init.zeros_(self.value_head.bias)
+
+    def forward(self, prompt_ids, prompt_mask, completion_ids, completion_mask) -> torch.Tensor:
+        """``[B, Tp]`` left-padded prompts, ``[B, Tc]`` completions -> ``values [B, Tc]`` float32."""
+        h = completion_hidden(self.lm, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                              share_prefix=self.share_prefix)
+        return self.value_head(h).squeeze(-1).float()
+
+
+class Critic:
+    """Value model + optimizer + value loss + warm-up + state.
+
+    Args:
+        cfg: the run config (``critic.*``; ``train.adam_betas``, ``train.max_grad_norm``,
+            ``train.share_prefix`` apply to it as to the policy).
+        model: the :class:`ValueModel`.
+    """
+
+    def __init__(self, cfg, model: ValueModel):
+        self.cfg, self.model = cfg, model.train()
+        self.opt = torch.optim.AdamW(model.parameters(), lr=cfg.critic.lr, betas=tuple(cfg.train.adam_betas))
+
+    @classmethod
+    def build(cls, cfg, policy, fresh_policy) -> "Critic":
+        """A critic whose body copies ``policy`` (``critic.init=policy``) or is ``fresh_policy()``
+        re-initialised (``critic.init=random``).
+
+        Raises:
+            ValueError: ``critic.init`` is neither.
+        """
+        if cfg.critic.init not in ("policy", "random"):
+            raise ValueError(f"critic.init={cfg.critic.init!r}: expected 'policy' or 'random'")
+        if cfg.critic.init == "policy":
+            body = copy.deepcopy(policy)
+        else:
+            body = fresh_policy()
+            body.apply(body._init_weights)
+        return cls(cfg, ValueModel(body, share_prefix=cfg.train.share_prefix))
+
+    def in_warmup(self, step: int) -> bool:
+        """True while only the critic trains (the first ``critic.warmup_steps`` steps)."""
+        return step < self.cfg.critic.warmup_steps
+
+    @torch.no_grad()
+    def values(self, prompt_ids, prompt_mask, completion_ids, completion_mask, micro_batch_size: int):
+        """``[B, Tc]`` values of the rollout batch, without gradients."""
+        from harness.update import batched_forward
+
+        return batched_forward(self.model, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                               micro_batch_size, self.model.share_prefix)
+
+    def update(self, batch, micro_batch_size: int) -> dict:
+        """One optimizer step on the clipped value loss (token-mean over the whole batch).
+
+        ``batch``: a :class:`harness.update.TrainBatch` with ``old_values`` and ``returns``.
+        Returns ``value_loss`` (times ``vf_coef``), ``vf_clip_frac`` and ``explained_variance``
+        (of the returns by the values the advantages used, as CleanRL logs it).
+        """
+        from harness.update import micro_batches
+
+        c = self.cfg.critic
+        norm = aggregation_normalizers(batch.loss_mask)
+        self.opt.zero_grad(set_to_none=True)
+        sums = {"value_loss": 0.0, "vf_clip_frac": 0.0}
+        for _, mb in micro_batches(batch, micro_batch_size, self.model.share_prefix):
+            mask = mb.loss_mask.float()
+            v = self.model(mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.loss_mask)
+            per_token, stats = value_loss(v, mb.old_values, mb.returns, mask, clip_range=c.value_clip)
+            loss = c.vf_coef * aggregate_loss(per_token, mask, "token-mean", num_tokens=norm["num_tokens"])
+            loss.backward()
+            sums["value_loss"] += float(loss.detach())
+            sums["vf_clip_frac"] += float(stats["vf_clip_frac"]) * float(mask.sum()) / norm["num_tokens"]
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.max_grad_norm)
+        self.opt.step()
+        sums["explained_variance"] = explained_variance(batch.old_values, batch.returns, batch.loss_mask)
+        return sums
+
+    def state_dict(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.opt.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["optimizer"])

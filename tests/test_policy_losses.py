@@ -1,0 +1,143 @@
+"""Every registered policy loss against values and gradients computed by hand, including the
+branch it exists for (a clipped token, a gated token, a selected high-covariance token)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from harness.algo import POLICY_LOSSES
+
+
+def flat(t):
+    return t.flatten().tolist()
+
+
+def _run(name, ratios, advs, mask=None, weights=None, **params):
+    """One row per token list; old log-prob 0 so exp(logp) is the ratio. Returns (loss, stats, grad)."""
+    logp = torch.log(torch.tensor(ratios, dtype=torch.float64)).requires_grad_()
+    old = torch.zeros_like(logp)
+    adv = torch.tensor(advs, dtype=torch.float64)
+    mask = torch.ones_like(old) if mask is None else torch.tensor(mask, dtype=torch.float64)
+    spec = POLICY_LOSSES.spec(name)
+    loss, stats = spec.fn(logp, old, adv, mask, spec.build(**params), weights=weights)
+    loss.sum().backward()
+    return loss.detach(), stats, logp.grad
+
+
+def test_registry_lists_every_loss_with_params():
+    assert set(POLICY_LOSSES.names()) == {"ppo_clip", "gspo", "cispo", "sapo", "gmpo", "clip_cov", "kl_cov", "pg"}
+    for name in POLICY_LOSSES.names():
+        assert POLICY_LOSSES.spec(name).params is not None
+    assert POLICY_LOSSES.spec("gspo").aggregation == "seq-mean-token-mean"
+    assert POLICY_LOSSES.spec("ppo_clip").aggregation is None
+
+
+def test_ppo_clip_clips_and_dual_clips():
+    # A=1, r=1.5: clipped at 1.2, no gradient; A=-1, r=5: PPO loss 5, dual clip c=3 bounds it at 3
+    loss, stats, grad = _run("ppo_clip", [[1.5, 5.0]], [[1.0, -1.0]], dual_clip=3.0)
+    assert flat(loss) == pytest.approx([-1.2, 3.0])
+    assert flat(grad) == [0.0, 0.0]
+    assert float(stats["clip_frac_high"]) == 0.5 and float(stats["dual_clip_frac"]) == 0.5
+
+
+def test_gspo_uses_the_length_normalised_sequence_ratio():
+    # row ratios 1.1 and 1.0 -> s = exp(mean log r) = sqrt(1.1); eps 3e-4/4e-4 clips it (A > 0)
+    loss, stats, grad = _run("gspo", [[1.1, 1.0]], [[1.0, 1.0]])
+    s = math.sqrt(1.1)
+    assert flat(loss) == pytest.approx([-(1 + 4e-4)] * 2)  # clipped: -(1 + eps_high) A
+    assert flat(grad) == [0.0, 0.0] and float(stats["clip_frac"]) == 1.0
+    loss, _, grad = _run("gspo", [[1.1, 1.0]], [[1.0, 1.0]], epsilon=1.0, epsilon_high=1.0)
+    assert flat(loss) == pytest.approx([-s, -s])
+    assert flat(grad) == pytest.approx([-s, -s])  # d(-A s_it)/dlogp_t = -A sg(s_i)
+
+
+def test_cispo_keeps_the_gradient_of_clipped_tokens():
+    # r = 8 > 1 + eps_high = 5: the weight is 5 (stop-gradient), the token still gets -5 A dlogp
+    loss, stats, grad = _run("cispo", [[8.0, 0.5]], [[1.0, 1.0]])
+    assert flat(loss) == pytest.approx([-5.0 * math.log(8.0), -0.5 * math.log(0.5)])
+    assert flat(grad) == pytest.approx([-5.0, -0.5])  # no lower bound by default: 0.5 kept
+    assert float(stats["clip_frac"]) == 0.5
+    _, _, grad = _run("cispo", [[8.0, 0.5]], [[1.0, 1.0]], epsilon_low=0.2)
+    assert flat(grad) == pytest.approx([-5.0, -0.8])  # lower bound 0.8
+
+
+def test_sapo_gate_by_hand():
+    # f(r) = sigmoid(tau (r - 1)) 4 / tau; tau_pos for A > 0, tau_neg for A < 0
+    r, taus = [1.0, 1.5, 1.5], [1.0, 1.0, 1.05]
+    loss, stats, grad = _run("sapo", [r], [[1.0, 1.0, -1.0]])
+    sig = [1 / (1 + math.exp(-t * (x - 1))) for x, t in zip(r, taus)]
+    want = [-sig[0] * 4 / taus[0], -sig[1] * 4 / taus[1], sig[2] * 4 / taus[2]]
+    assert flat(loss) == pytest.approx(want)
+    # d/dlogp = -A * 4 sigma (1 - sigma) * r  (chain rule through r = exp(logp))
+    g = [-a * 4 * s * (1 - s) * x for a, s, x in zip([1.0, 1.0, -1.0], sig, r)]
+    assert flat(grad) == pytest.approx(g)
+    assert g[0] == pytest.approx(-1.0)  # on-policy the gate's gradient equals PPO's
+    far, stats, _ = _run("sapo", [[4.0]], [[1.0]])
+    assert float(stats["clip_frac"]) == 1.0  # far off-policy: the gate has decayed
+
+
+def test_gmpo_geometric_mean_with_log_space_clip():
+    # A=1: log r = [log 2, log 0.5] clipped to [-0.4, 0.4] on the upper side only (min with sgn A)
+    loss, stats, grad = _run("gmpo", [[2.0, 0.5]], [[1.0, 1.0]])
+    lr = [min(math.log(2.0), 0.4), math.log(0.5)]  # sgn(A)=1: min(lr, clip(lr)) = [0.4, log .5]
+    seq = -math.exp(sum(lr) / 2)
+    assert flat(loss) == pytest.approx([seq, seq])
+    # the clipped token has no gradient; the other gets d(seq)/dlogp = seq / L, summed over the
+    # L copies of the row's loss: with seq-mean-token-mean each copy weighs 1/L
+    assert grad[0, 0] == 0.0 and float(grad[0, 1]) == pytest.approx(2 * seq / 2)
+    assert float(stats["clip_frac"]) == 1.0  # both tokens' log-ratios are outside [-0.4, 0.4]
+
+
+def test_clip_cov_detaches_a_selected_high_covariance_token():
+    torch.manual_seed(0)
+    # logp = [2, 0, 0, 0] (mean .5), A = [2, -1, 0, -1] (mean 0): covariances [3, .5, 0, .5]
+    ratios = [[math.e ** 2, 1.0, 1.0, 1.0]]
+    advs = [[2.0, -1.0, 0.0, -1.0]]
+    loss, stats, grad = _run("clip_cov", ratios, advs, epsilon=100.0, clip_cov_ratio=0.25)
+    # only token 0 lies in (lb, ub) = (1, 5); k = max(1, 0.25 * 4) = 1 token is detached
+    assert float(stats["cov_selected_frac"]) == 0.25
+    assert loss[0, 0] == 0.0 and grad[0, 0] == 0.0  # the selected token: no loss, no gradient
+    assert grad[0, 1].item() == pytest.approx(1.0)  # the others: PPO's -A r
+    _, stats, grad = _run("clip_cov", ratios, advs, epsilon=100.0, clip_cov_lb=3.5)  # none qualifies
+    assert float(stats["cov_selected_frac"]) == 0.0 and grad[0, 0].item() == pytest.approx(-2 * math.e ** 2)
+    _, stats, grad = _run("clip_cov", ratios, advs, epsilon=100.0, clip_cov_lb=0.1, clip_cov_ratio=0.25)
+    assert float(stats["cov_selected_frac"]) == 0.25  # one of tokens 0, 1, 3 (token 2 has cov 0)
+    assert sum(float(g == 0.0) for g in grad[0, [0, 1, 3]]) == 1
+
+
+def test_kl_cov_penalises_the_top_covariance_token():
+    ratios = [[math.e ** 2, math.e ** 0.5, 1.0, 1.0]]
+    advs = [[2.0, -1.0, 0.0, -1.0]]
+    loss, stats, grad = _run("kl_cov", ratios, advs, kl_cov_ratio=0.25, ppo_kl_coef=0.5)
+    # token 0 has the top covariance: loss -A r + 0.5 |log r| = -2 e^2 + 1, gradient -A r + 0.5
+    assert loss[0, 0].item() == pytest.approx(-2 * math.e ** 2 + 0.5 * 2.0)
+    assert grad[0, 0].item() == pytest.approx(-2 * math.e ** 2 + 0.5)
+    assert loss[0, 1].item() == pytest.approx(1.0 * math.e ** 0.5)  # unselected: -A r only
+    assert float(stats["cov_selected_frac"]) == 0.25
+
+
+def test_pg_has_no_ratio_and_weights_multiply():
+    loss, stats, grad = _run("pg", [[2.0, 0.5]], [[1.0, -2.0]])
+    assert flat(loss) == pytest.approx([-math.log(2.0), 2 * math.log(0.5)])
+    assert flat(grad) == pytest.approx([-1.0, 2.0])
+    w = torch.tensor([[0.5, 3.0]], dtype=torch.float64)
+    loss, _, grad = _run("pg", [[2.0, 0.5]], [[1.0, -2.0]], weights=w)
+    assert flat(grad) == pytest.approx([-0.5, 6.0])
+
+
+def test_masked_tokens_carry_no_loss_or_gradient():
+    for name in POLICY_LOSSES.names():
+        loss, _, grad = _run(name, [[1.3, 0.7, 9.0]], [[1.0, -1.0, 5.0]], mask=[[1.0, 1.0, 0.0]])
+        assert loss[0, 2] == 0.0 and grad[0, 2] == 0.0, name
+
+
+def test_bad_params_name_the_key():
+    with pytest.raises(ValueError, match="policy_loss.tau_pos"):
+        _run("sapo", [[1.0]], [[1.0]], tau_pos=0.0)
+    with pytest.raises(ValueError, match="policy_loss.clip_cov_ratio"):
+        _run("clip_cov", [[1.0]], [[1.0]], clip_cov_ratio=0.0)
+    with pytest.raises(ValueError, match=r"unknown parameter\(s\) \['epsilon'\] for 'sapo'"):
+        _run("sapo", [[1.0]], [[1.0]], epsilon=0.2)
