@@ -71,6 +71,20 @@ def _store_lock(uri: str):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def _create_sqlite_store(db: Path) -> None:
+    """Create a new sqlite store atomically: MLflow's schema migrations run on a temporary file
+    that is renamed into place once complete, so a process killed mid-migration leaves no
+    half-built store behind (a rerun would fail on ``_alembic_tmp_*`` tables). Call under
+    :func:`_store_lock`; left-over temporary files of killed attempts are removed first."""
+    from mlflow.tracking import MlflowClient
+
+    for old in db.parent.glob(f".{db.name}.init-*"):
+        old.unlink(missing_ok=True)
+    tmp = db.with_name(f".{db.name}.init-{os.getpid()}")
+    MlflowClient(f"sqlite:///{tmp}").search_experiments(max_results=1)  # runs every migration
+    os.replace(tmp, db)
+
+
 class Tracker:
     """Wraps ``MlflowClient`` for one run.
 
@@ -98,8 +112,10 @@ class Tracker:
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
         with _store_lock(uri):  # parallel jobs must not create one new sqlite store's tables twice
-            self.client = MlflowClient(uri)
             try:
+                if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).exists():
+                    _create_sqlite_store(Path(uri[len("sqlite:///"):]))
+                self.client = MlflowClient(uri)
                 exp = self.client.get_experiment_by_name(experiment)
                 self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(
                     experiment, artifact_location=_artifact_location(uri))

@@ -165,3 +165,16 @@ def test_a_finished_run_is_never_adopted_and_a_left_over_running_run_is_closed(t
     client, _ = _runs(tmp_path)
     gone = client.get_run(left)
     assert gone.info.status == "KILLED" and gone.data.tags["harness.superseded_by"] == done
+
+
+def test_a_new_sqlite_store_appears_whole(tmp_path):
+    """A kill during MLflow's schema migrations of a brand-new sqlite store must not leave a
+    half-built store (seen in a 30-kill run: the rerun failed on '_alembic_tmp_model_versions
+    already exists'): the store is built in a temporary file and renamed into place."""
+    from harness.tracking import Tracker
+
+    db = tmp_path / "mlflow.db"
+    (tmp_path / ".mlflow.db.init-99999").write_bytes(b"half a migration")  # a killed attempt's leftover
+    t = Tracker(f"sqlite:///{db}", "grpo-harness")
+    assert db.exists() and not list(tmp_path.glob(".mlflow.db.init-*"))
+    assert t.client.get_experiment_by_name("grpo-harness") is not None
