@@ -80,21 +80,24 @@ def reference(tmp_path_factory):
     d = tmp_path_factory.mktemp("reference")
     t0 = time.monotonic()
     proc = subprocess.Popen(_cmd(d), cwd=d, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    t_record = t_final = None
+    t_record = t_first = t_final = None
     while proc.poll() is None:
         now = time.monotonic() - t0
         if t_record is None and (d / "ckpt" / "run.json").exists():
             t_record = now
+        if t_first is None and (d / "ckpt" / "step_000001.pt").exists():
+            t_first = now
         if t_final is None and (d / "ckpt" / "step_000004.pt").exists():
             t_final = now
-        time.sleep(0.05)
+        time.sleep(0.02)
     assert proc.returncode == 0
     wall = time.monotonic() - t0
-    return _history(d), wall, (t_record or 0.0, t_final or wall)
+    t_record = t_record or 0.0
+    return _history(d), wall, (t_record, t_first or t_record, t_final or wall)
 
 
 def test_random_kills_leave_one_run_with_every_metric_once(reference, tmp_path):
-    ref, wall, (t_record, t_final) = reference
+    ref, wall, (t_record, t_first, t_final) = reference
     assert [s for s, _ in ref["train/reward_mean"]] == [1, 2, 3, 4]
     assert [s for s, _ in ref["eval/accuracy"]] == [0, 2, 4]
     tries = int(os.environ.get("HARNESS_KILL_TRIES", "5"))
@@ -103,11 +106,20 @@ def test_random_kills_leave_one_run_with_every_metric_once(reference, tmp_path):
     for i in range(tries):
         d = tmp_path / f"try{i}"
         d.mkdir()
-        # most kills land while the MLflow run exists (the windows that matter), some anywhere
-        delay = rng.uniform(0.2, wall) if i % 5 == 4 else rng.uniform(max(0.2, t_record - 0.5), t_final + 0.3)
         proc = subprocess.Popen(_cmd(d), cwd=d, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # one kill in five at a random time of the whole lifetime; the others a random time after
+        # this try's own run record appears (so they land while the MLflow run exists, whatever
+        # this process's speed), two of those before its first checkpoint is due
+        t_launch = time.monotonic()
+        if i % 5 == 4:
+            delay = rng.uniform(0.2, wall)
+        else:
+            span = (t_first - t_record) if i % 5 in (0, 1) else (t_final - t_record + 0.3)
+            while proc.poll() is None and not (d / "ckpt" / "run.json").exists() and time.monotonic() - t_launch < 120:
+                time.sleep(0.01)
+            delay = time.monotonic() - t_launch + rng.uniform(0.0, max(span, 0.05))
         try:
-            proc.wait(timeout=delay)
+            proc.wait(timeout=max(delay - (time.monotonic() - t_launch), 0.001))
             windows.append(f"{delay:5.1f} s: finished before the kill")
             continue  # a finished job is never resumed: nothing to rerun
         except subprocess.TimeoutExpired:
@@ -125,8 +137,10 @@ def test_random_kills_leave_one_run_with_every_metric_once(reference, tmp_path):
             assert [s for s, _ in got[key]] == [s for s, _ in ref[key]], (windows[-1], key, got[key])
             assert [v for _, v in got[key]] == pytest.approx([v for _, v in ref[key]], rel=1e-6, abs=1e-9), \
                 (windows[-1], key)
-    REPORT.append(f"{tries} kills (uninterrupted run {wall:.1f} s; run record at {t_record:.1f} s, final "
-                  f"checkpoint at {t_final:.1f} s):\n    " + "\n    ".join(windows))
+    early = sum("before the first checkpoint" in w or "between the run record" in w for w in windows)
+    REPORT.append(f"{tries} kills, {early} before the first checkpoint (uninterrupted run {wall:.1f} s; run record "
+                  f"at {t_record:.1f} s, first checkpoint at {t_first:.1f} s, final at {t_final:.1f} s):\n    "
+                  + "\n    ".join(windows))
 
 
 def test_adopting_a_run_created_before_its_id_was_recorded(tmp_path):
