@@ -99,14 +99,12 @@ def zero_verdicts(completions, golds):
     return [Verdict(correct=False, formatted=False, extracted=None, status="ok") for _ in completions]
 
 
-def probe(*overrides, reward: str = "hash", real_verifier: bool = False, setup=None, eos: bool = True) -> dict:
+def probe(*overrides, reward: str = "hash", eos: bool = True) -> dict:
     """Run the configured job and return the observations listed in the module docstring.
 
     Args:
         overrides: Hydra overrides on top of :data:`BASE`.
-        reward: ``hash`` or ``zero`` verdicts (ignored with ``real_verifier``).
-        real_verifier: score with the task's own verifier.
-        setup: optional ``fn(cfg, task, policy)`` applied before the trainer is built.
+        reward: ``hash`` or ``zero`` verdicts.
         eos: set the EOS direction (varied lengths); without it greedy decoding runs to the cap.
     """
     from harness.run import build_components, prepare
@@ -122,10 +120,7 @@ def probe(*overrides, reward: str = "hash", real_verifier: bool = False, setup=N
         if eos:
             with torch.no_grad():
                 head[tok.eos_token_id] = (d / d.norm() * EOS_NORM).to(head.dtype)
-        if not real_verifier:
-            task.score = hash_verdicts if reward == "hash" else zero_verdicts
-        if setup is not None:
-            setup(cfg, task, policy)
+        task.score = hash_verdicts if reward == "hash" else zero_verdicts
         rec, records, tracker = RecordingBackend(backend), [], MemoryTracker()
         trainer = Trainer(cfg, task, tok, policy, rec, tracker, critic=critic, on_step=records.append)
         history = trainer.fit()
