@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,13 @@ TOP_P_REFUSED = (
 )
 
 
+def _unread(node, prefix: str, schema, keys, why: str) -> None:
+    """Refuse ``keys`` of ``node`` set away from their ``schema`` defaults: nothing would read them."""
+    defaults = {f.name: f.default for f in dataclasses.fields(schema)}
+    changed = [f"{prefix}.{k}={node[k]}" for k in keys if node[k] != defaults[k]]
+    _check(not changed, f"{', '.join(changed)} is set, but {why}")
+
+
 def _dry_run(cfg) -> None:
     """Run the configured estimator and aggregation once on a 2-prompt synthetic batch.
 
@@ -42,7 +50,8 @@ def _dry_run(cfg) -> None:
     """
     import torch
 
-    from harness.algo import GROUP_FILTERS, POLICY_LOSSES, TOKEN_ESTIMATORS, AdvantageContext, aggregate_loss
+    from harness.algo import (GROUP_FILTERS, KL_CONTROLLERS, POLICY_LOSSES, TOKEN_ESTIMATORS, AdvantageContext,
+                              aggregate_loss)
 
     G = max(int(cfg.group_size), 1)
     spec = TOKEN_ESTIMATORS.spec(cfg.advantage.name)
@@ -63,13 +72,17 @@ def _dry_run(cfg) -> None:
                        max_len=cfg.rollout.max_new_tokens)
         flt = GROUP_FILTERS.spec(cfg.group_filter.name)
         flt.fn(scores, flt.build(cfg.group_filter))
+        KL_CONTROLLERS.get(cfg.kl.controller)(1.0, 0.1, 1, cfg.kl.target, cfg.kl.horizon)
     except ValueError as e:
         raise ConfigError(str(e)) from None
 
 
 def validate(cfg) -> None:
     """Raise :class:`ConfigError` for unknown names, out-of-range values and bad combinations."""
-    from harness.algo import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, TOKEN_ESTIMATORS, requires_groups
+    from harness.algo import (KL_CONTROLLERS, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, TOKEN_ESTIMATORS,
+                              requires_groups)
+    from harness.config import KLConfig
+    from harness.critic import CriticConfig
     from harness.rollout import BACKENDS
     from harness.tasks import TASKS
 
@@ -78,19 +91,10 @@ def validate(cfg) -> None:
     _choice("kl.form", cfg.kl.form, KL_ESTIMATORS.names())
     _choice("kl.placement", cfg.kl.placement, ["loss", "reward", "none"])
     _check(cfg.kl.clamp is None or cfg.kl.clamp > 0, f"kl.clamp={cfg.kl.clamp}: expected > 0 or null")
-    from harness.algo import KL_CONTROLLERS
-
     _choice("kl.controller", cfg.kl.controller, KL_CONTROLLERS.names())
-    from harness.config import KLConfig
-
     reads = KL_CONTROLLERS.spec(cfg.kl.controller).needs  # the kl.* keys the controller reads
-    unread = [f"kl.{k}={cfg.kl[k]}" for k in ("target", "horizon") if k not in reads and cfg.kl[k] != getattr(KLConfig, k)]
-    _check(not unread, f"{', '.join(unread)} is set, but kl.controller={cfg.kl.controller} does not read it "
-                       "(kl.controller=adaptive does)")
-    try:
-        KL_CONTROLLERS.get(cfg.kl.controller)(1.0, 0.1, 1, cfg.kl.target, cfg.kl.horizon)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
+    _unread(cfg.kl, "kl", KLConfig, [k for k in ("target", "horizon") if k not in reads],
+            f"kl.controller={cfg.kl.controller} does not read it (kl.controller=adaptive does)")
     _check(0 < cfg.top_entropy_quantile <= 1,
            f"top_entropy_quantile={cfg.top_entropy_quantile}: expected in (0, 1] (1 = every token)")
     _choice("loss_agg", cfg.loss_agg.name, LOSS_AGGREGATIONS.names())
@@ -121,13 +125,9 @@ def validate(cfg) -> None:
     _choice("critic.init", cfg.critic.init, ["policy", "random"])
     _check(cfg.critic.lr > 0, f"critic.lr={cfg.critic.lr}: expected > 0")
     if "values" not in spec.needs:  # a critic knob with no critic would silently do nothing
-        from dataclasses import asdict
-
-        from harness.critic import CriticConfig
-
-        changed = [f"critic.{k}={cfg.critic[k]}" for k, v in asdict(CriticConfig()).items() if cfg.critic[k] != v]
-        _check(not changed, f"{', '.join(changed)} is set, but advantage={cfg.advantage.name} uses no critic "
-                            "(only estimators that need values, e.g. advantage=ppo, build one)")
+        _unread(cfg.critic, "critic", CriticConfig, [f.name for f in dataclasses.fields(CriticConfig)],
+                f"advantage={cfg.advantage.name} uses no critic (only estimators that need values, "
+                "e.g. advantage=ppo, build one)")
     if cfg.kl.placement == "reward" and cfg.beta > 0:
         _check("step_rewards" not in spec.needs,
                f"kl.placement=reward is not defined for advantage={cfg.advantage.name} (step rewards)")

@@ -126,7 +126,7 @@ def probe(*overrides, reward: str = "hash", eos: bool = True) -> dict:
         history = trainer.fit()
     finally:
         torch.set_num_threads(threads)
-    is_train = [not c["greedy"] and c["n"] == cfg.group_size and not c.get("eval") for c in rec.calls]
+    is_train = [not c["greedy"] and c["n"] == cfg.group_size for c in rec.calls]
     train_calls = [c for c, t in zip(rec.calls, is_train) if t]
     eval_calls = [c for c, t in zip(rec.calls, is_train) if not t]
     clean = {s: {k: v for k, v in m.items() if not k.startswith(("time/", "perf/"))}
