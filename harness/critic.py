@@ -15,7 +15,8 @@ from typing import Optional
 
 import torch
 
-from harness.algo import aggregate_loss, aggregation_normalizers, explained_variance, value_loss
+from harness.algo import aggregate_loss, explained_variance, value_loss
+from harness.distributed import world
 from harness.logprobs import completion_hidden
 
 
@@ -100,11 +101,14 @@ class Critic:
         ``batch``: a :class:`harness.update.TrainBatch` with ``old_values`` and ``returns``.
         Returns ``value_loss`` (times ``vf_coef``), ``vf_clip_frac`` and ``explained_variance``
         (of the returns by the values the advantages used, as CleanRL logs it).
+
+        Data-parallel: ``batch`` is this rank's rows; the token count is the global batch's, the
+        gradients are summed over ranks before clipping and the statistics are global.
         """
-        from harness.update import micro_batches
+        from harness.update import global_normalizers, micro_batches
 
         c = self.cfg.critic
-        norm = aggregation_normalizers(batch.loss_mask)
+        norm = global_normalizers(batch.loss_mask)
         self.opt.zero_grad(set_to_none=True)
         sums = {"value_loss": 0.0, "vf_clip_frac": 0.0}
         for _, mb in micro_batches(batch, micro_batch_size, self.model.share_prefix):
@@ -115,9 +119,13 @@ class Critic:
             loss.backward()
             sums["value_loss"] += float(loss.detach())
             sums["vf_clip_frac"] += float(stats["vf_clip_frac"]) * float(mask.sum()) / norm["num_tokens"]
+        w = world()
+        w.all_reduce_grads(self.model.parameters())
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.max_grad_norm)
         self.opt.step()
-        sums["explained_variance"] = explained_variance(batch.old_values, batch.returns, batch.loss_mask)
+        sums = w.sum_dict(sums)
+        sums["explained_variance"] = explained_variance(w.gather_rows(batch.old_values), w.gather_rows(batch.returns),
+                                                        w.gather_rows(batch.loss_mask))
         return sums
 
     def state_dict(self) -> dict:

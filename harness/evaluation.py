@@ -9,7 +9,8 @@ from harness.rollout import SamplingParams
 
 
 def evaluate(task, backend, tokenizer, problems, *, max_new_tokens: int, num_samples: int = 0,
-             temperature: float = 1.0, batch_size: int = 64, log_samples: int = 8, seed: int | None = None):
+             temperature: float = 1.0, batch_size: int = 64, log_samples: int = 8, seed: int | None = None,
+             first_index: int = 0):
     """Score the policy on ``problems``.
 
     Args:
@@ -23,6 +24,8 @@ def evaluate(task, backend, tokenizer, problems, *, max_new_tokens: int, num_sam
         log_samples: number of (prompt, completion, reward) rows returned for the artifact table.
         seed: seeds the k samples (row ``i * k + j`` of the whole eval set), so they do not depend
             on ``batch_size``; None uses torch's global generator.
+        first_index: index of ``problems[0]`` in the whole eval set (a data-parallel rank's share),
+            so a problem's samples are seeded by its global index.
     Returns:
         (metrics dict with ``eval/accuracy``, ``eval/format_rate``[, ``eval/mean_at_k``,
         ``eval/pass_at_k``, ``eval/num_samples``], list of sample rows).
@@ -54,7 +57,7 @@ def evaluate(task, backend, tokenizer, problems, *, max_new_tokens: int, num_sam
         for s in range(0, len(prompts), per_prompt):
             if seed is not None:
                 params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
-                                        row_offset=s * num_samples)
+                                        row_offset=(first_index + s) * num_samples)
             out = backend.generate(prompts[s : s + per_prompt], num_samples, params)
             gs = [g for g in golds[s : s + per_prompt] for _ in range(num_samples)]
             correct += [v.correct for v in task.score(out.texts, gs)]

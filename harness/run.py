@@ -99,12 +99,16 @@ def _hydra_dirs(cfg) -> tuple[Path, Path]:
 
 def prepare(cfg) -> None:
     """Startup checks and process settings of a run: :func:`harness.validate.validate`, the torch
-    seed (``seed``) and the intra-op thread count (``train.threads``, 0 = leave as is).
+    seed (``seed``), the intra-op thread count (``train.threads``, 0 = leave as is) and, under
+    ``torchrun``, joining the process group (:func:`harness.distributed.init`).
 
     Raises:
         ConfigError: naming the first invalid key.
     """
+    from harness import distributed
+
     validate(cfg)
+    distributed.init()
     torch.manual_seed(cfg.seed)
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
@@ -122,30 +126,45 @@ def train(cfg, on_eval=None, on_step=None) -> float:
             :class:`harness.trainer.StepRecord` (rewards, advantages, metrics).
     """
     from harness import checkpoint as ckpt
-    from harness.tracking import Tracker, flatten, git_commit, resolve_uri
+    from harness.distributed import world
+    from harness.tracking import NullTracker, Tracker, flatten, git_commit, resolve_uri
     from harness.trainer import Trainer
 
     prepare(cfg)
+    w = world()
     output_dir, launch_dir = _hydra_dirs(cfg)
     key = config_key(cfg)
     ckpt_dir = Path(cfg.checkpoint.dir or launch_dir / "checkpoints" / key)
+    # Rank 0 decides what to resume; every rank then reads that file (a shared filesystem).
+    path = None
+    if w.is_main:
+        if cfg.resume:
+            path = ckpt.latest(ckpt_dir) if cfg.resume == "auto" else Path(cfg.resume)
+            path = path if path is not None else ckpt_dir  # load() names the missing folder
+        elif ckpt.latest(ckpt_dir) is not None:
+            path = ckpt.latest(ckpt_dir)
+    path = w.broadcast_object(None if path is None else str(path))
     state = None
-    if cfg.resume:
-        state = ckpt.load(ckpt_dir if cfg.resume == "auto" else cfg.resume)
-    elif ckpt.latest(ckpt_dir) is not None:
-        found = ckpt.load(ckpt_dir)
-        if not found.get("finished"):
+    if path is not None:
+        found = ckpt.load(path)
+        if cfg.resume or not found.get("finished"):
             state = found
-            log.info("resuming from %s (step %d)", ckpt.latest(ckpt_dir), found["step"])
+            if w.is_main and not cfg.resume:
+                log.info("resuming from %s (step %d)", path, found["step"])
     # Tracking first: an unreachable store is an error before any compute.
-    uri = resolve_uri(cfg.tracking.uri)
-    if uri.startswith("sqlite:///") and not Path(uri[10:]).is_absolute():
-        uri = "sqlite:///" + str(launch_dir / uri[10:])
-    tracker = Tracker(uri, cfg.tracking.experiment)
+    tracker = NullTracker()
+    if w.is_main:
+        uri = resolve_uri(cfg.tracking.uri)
+        if uri.startswith("sqlite:///") and not Path(uri[10:]).is_absolute():
+            uri = "sqlite:///" + str(launch_dir / uri[10:])
+        tracker = Tracker(uri, cfg.tracking.experiment)
     task, tokenizer, policy, critic, backend = build_components(cfg)
     trainer = Trainer(cfg, task, tokenizer, policy, backend, tracker, critic=critic, checkpoint_dir=ckpt_dir,
                       on_eval=on_eval, on_step=on_step)
-    how = tracker.open(ckpt_dir / "run.json", cfg.tracking.run_name, resume_id=state["run_id"] if state else None)
+    how = None
+    if w.is_main:
+        how = tracker.open(ckpt_dir / "run.json", cfg.tracking.run_name, resume_id=state["run_id"] if state else None)
+    how = w.broadcast_object(how)
     if how == "resumed":
         trainer.load_state_dict(state)
     else:  # a new run, or one adopted from a killed attempt: what it already holds is not sent again
@@ -155,7 +174,8 @@ def train(cfg, on_eval=None, on_step=None) -> float:
             "estimator": cfg.advantage.name, "group_size": cfg.group_size, "task": cfg.task.name,
             "model": cfg.model.name_or_path if not cfg.model.tiny_config else "tiny-random",
             "git_commit": git_commit(), "seed": cfg.seed, "config_key": key,
-            "output_dir": str(output_dir), **({"sweep": cfg.tracking.sweep} if cfg.tracking.sweep else {}),
+            "output_dir": str(output_dir), "world_size": w.world_size,
+            **({"sweep": cfg.tracking.sweep} if cfg.tracking.sweep else {}),
         })
         tracker.log_text(OmegaConf.to_yaml(cfg, resolve=True), "config/resolved.yaml")
         tracker.log_metrics({"data/skipped_rows": task.skipped_rows,
@@ -165,13 +185,16 @@ def train(cfg, on_eval=None, on_step=None) -> float:
         history = trainer.fit()
         status = "FINISHED"
     except BaseException as e:  # interrupted or pruned: keep what was computed
-        if isinstance(e, KeyboardInterrupt) or type(e).__name__ == "TrialPruned":
+        # (data-parallel: no checkpoint here, it needs every rank and another may be gone)
+        if (isinstance(e, KeyboardInterrupt) or type(e).__name__ == "TrialPruned") and not w.distributed:
             trainer.save_checkpoint()
             tracker.flush()
             status = "KILLED"
         raise
     finally:
         tracker.end(status)
+    if not w.is_main:
+        return float(history[max(history)].get("eval/accuracy", float("nan"))) if history else float("nan")
     return summarize(history, tracker, output_dir, ckpt_dir)
 
 
@@ -202,11 +225,15 @@ def main(cfg) -> float:
     from harness.tasks.data import DataError
     from harness.tracking import TrackingError
 
+    from harness import distributed
+
     try:
         return train(cfg)
     except (*USER_ERRORS, DataError, ModelLoadError, TrackingError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(2)
+    finally:
+        distributed.shutdown()
 
 
 if __name__ == "__main__":

@@ -296,6 +296,28 @@ class Tracker:
             log.warning("MLflow call %s failed: %s", getattr(fn, "__name__", fn), e)
 
 
+class NullTracker:
+    """The tracker of a data-parallel rank other than 0: same interface, records nothing (rank 0
+    logs the run; the metrics every rank computes are already reduced over ranks)."""
+
+    uri = ""
+
+    def __init__(self):
+        self.run_id: str | None = None
+        self.pending: list = []
+
+    def _noop(self, *args, **kwargs):
+        return None
+
+    log_params = set_tags = queue = extend = log_metrics = log_text = log_table = heartbeat = end = _noop
+
+    def flush(self) -> bool:
+        return True
+
+    def metric_history(self, key: str) -> list:
+        return []
+
+
 def _read_record(path: Path) -> dict | None:
     try:
         return json.loads(Path(path).read_text())

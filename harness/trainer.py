@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import math
 import time
@@ -17,11 +18,12 @@ import torch
 
 from harness import checkpoint as ckpt
 from harness.algo import GROUP_FILTERS, KL_CONTROLLERS, TOKEN_ESTIMATORS, AdvantageContext
+from harness.distributed import world
 from harness.evaluation import evaluate
 from harness.health import HealthMonitor
 from harness.perf import PeakMemory
 from harness.rewards import RewardOutput, compute_rewards, process_step_rewards, shape_rewards
-from harness.rollout import RolloutBatch, SamplingParams, concat_batches
+from harness.rollout import RolloutBatch, SamplingParams, concat_batches, empty_batch
 from harness.update import TrainBatch, batched_logprobs, padding_waste, policy_pass
 
 log = logging.getLogger(__name__)
@@ -85,12 +87,21 @@ class Trainer:
     The estimator is looked up once (``TOKEN_ESTIMATORS.spec(cfg.advantage.name)``) and receives
     ``cfg.advantage`` whole; what it declares in ``needs`` (critic values, step rewards) is
     computed for it. No variant is named here.
+
+    Under ``torchrun`` (:mod:`harness.distributed`) each rank samples its share of the step's
+    prompts; the estimator, the loss normalisers, the gradient and the metrics are those of the
+    global batch, so a step equals the one-process step on the same prompts. Only rank 0 has a
+    real ``tracker`` and writes checkpoints (holding every rank's RNG state).
     """
 
     def __init__(self, cfg, task, tokenizer, policy, backend, tracker, critic=None, checkpoint_dir=None,
                  on_eval=None, on_step=None):
         self.cfg, self.task, self.tok, self.policy = cfg, task, tokenizer, policy
         self.on_eval, self.on_step = on_eval, on_step
+        self.world = world()
+        self.world.broadcast_module(policy)  # every rank starts from rank 0's weights
+        if critic is not None:
+            self.world.broadcast_module(critic.model)
         self.estimator = TOKEN_ESTIMATORS.spec(cfg.advantage.name)
         self.adv_params = self.estimator.build(cfg.advantage)
         self.group_filter = GROUP_FILTERS.spec(cfg.group_filter.name)
@@ -130,46 +141,63 @@ class Trainer:
         """Sample P prompts x G completions, score them and apply the group filter
         (``group_filter=<name>``; DAPO's dynamic sampling resamples dropped groups).
 
+        Data-parallel: each round's prompts are split into contiguous per-rank shares
+        (:meth:`harness.distributed.World.shard`); a rank samples its rows with the row offsets
+        they have in the whole draw, so a completion does not depend on the number of ranks, and
+        the filter's decisions (groups kept, another round, the fallback) use global counts.
+
         Returns:
-            (rollout batch, reward output, problems, info dict).
+            (this rank's rollout batch, its reward output, its problems, info dict with global counts).
         """
-        cfg, G, P = self.cfg, self.cfg.group_size, self.cfg.train.prompts_per_step
+        cfg, G, P, w = self.cfg, self.cfg.group_size, self.cfg.train.prompts_per_step, self.world
         rounds = self.group_filter_params.max_rounds
         kept, kept_rewards, kept_problems, t_roll, t_rew, sampled, info = [], [], [], 0.0, 0.0, 0, {}
+        kept_global = 0
         for round_ in range(rounds):
-            need = P - sum(len(p) for p in kept_problems)
-            problems = [self.task.train_problem(self.data_pos + i, cfg.seed) for i in range(need)]
-            sampling = self._sampling()
+            need = P - kept_global
+            share = w.shard(need)
+            problems = [self.task.train_problem(self.data_pos + i, cfg.seed) for i in share]
+            sampling = dataclasses.replace(self._sampling(), row_offset=share.start * G)
             self.data_pos += need
             sampled += need
-            t0 = time.perf_counter()
-            batch = self.backend.generate([self.task.prompt(p, self.tok) for p in problems], G, sampling)
-            t1 = time.perf_counter()
-            rew = compute_rewards(
-                self.task, batch.texts, [p.gold for p in problems for _ in range(G)],
-                batch.completion_mask.sum(1), format_weight=cfg.task.format_reward,
-                max_new_tokens=cfg.rollout.max_new_tokens, overlong_buffer=cfg.overlong.buffer,
-                overlong_factor=cfg.overlong.penalty,
-            )
-            t_roll, t_rew = t_roll + (t1 - t0), t_rew + (time.perf_counter() - t1)
-            keep = self.group_filter.fn(rew.rewards.view(-1, G), self.group_filter_params)
-            if not bool(keep.all()):
-                groups = [i for i in range(len(problems)) if keep[i]]
-                if not groups:
-                    if round_ < rounds - 1 or kept:
+            batch = rew = None
+            keep = torch.zeros(0, dtype=torch.bool)
+            if problems:
+                t0 = time.perf_counter()
+                batch = self.backend.generate([self.task.prompt(p, self.tok) for p in problems], G, sampling)
+                t1 = time.perf_counter()
+                rew = compute_rewards(
+                    self.task, batch.texts, [p.gold for p in problems for _ in range(G)],
+                    batch.completion_mask.sum(1), format_weight=cfg.task.format_reward,
+                    max_new_tokens=cfg.rollout.max_new_tokens, overlong_buffer=cfg.overlong.buffer,
+                    overlong_factor=cfg.overlong.penalty,
+                )
+                t_roll, t_rew = t_roll + (t1 - t0), t_rew + (time.perf_counter() - t1)
+                keep = self.group_filter.fn(rew.rewards.view(-1, G), self.group_filter_params)
+            n_keep = w.sum(int(keep.sum()))
+            if n_keep < need:
+                if n_keep == 0:
+                    if round_ < rounds - 1 or kept_global:
                         continue
-                    groups = list(range(len(problems)))  # nothing kept at all: train on the last draw
-                rows = [i * G + g for i in groups for g in range(G)]
-                batch, problems = batch.select(rows), [problems[i] for i in groups]
-                rew = _select_rewards(rew, rows)
-            kept.append(batch)
-            kept_rewards.append(rew)
-            kept_problems.append(problems)
-            if sum(len(p) for p in kept_problems) >= P:
+                    keep = torch.ones(len(problems), dtype=torch.bool)  # nothing kept at all: train on the last draw
+                    n_keep = need
+                groups = [i for i in range(len(problems)) if keep[i]]
+                if problems and len(groups) < len(problems):
+                    rows = [i * G + g for i in groups for g in range(G)]
+                    batch, problems = batch.select(rows), [problems[i] for i in groups]
+                    rew = _select_rewards(rew, rows)
+            if problems:
+                kept.append(batch)
+                kept_rewards.append(rew)
+                kept_problems.append(problems)
+            kept_global += n_keep
+            if kept_global >= P:
                 break
-        info["train/groups_kept"] = sum(len(p) for p in kept_problems)
-        batch = concat_batches(kept, self.tok.pad_token_id)
-        rew = _cat_rewards(kept_rewards)
+        info["train/groups_kept"] = kept_global
+        if kept:
+            batch, rew = concat_batches(kept, self.tok.pad_token_id), _cat_rewards(kept_rewards)
+        else:  # data-parallel: every group of this rank was filtered out
+            batch, rew = empty_batch(G, self.tok.pad_token_id), _empty_rewards()
         problems = [p for ps in kept_problems for p in ps]
         info.update({"time/rollout_s": t_roll, "time/reward_s": t_rew, "train/prompts_sampled": sampled})
         return batch, rew, problems, info
@@ -199,18 +227,26 @@ class Trainer:
         t_logprob = time.perf_counter() - t0
 
         scores, token_rewards = shape_rewards(rew.rewards, cmask, old, ref, cfg, beta=self.kl_coef)
-        lengths = cmask.sum(1)
         greedy = self._greedy_scores(problems) if "greedy" in self.estimator.needs else None
         steps = None
         if "step_rewards" in self.estimator.needs:
             steps = process_step_rewards(self.task, self.tok, batch.texts, batch.completion_ids, cmask, rew.rewards)
-        ctx = AdvantageContext(scores=scores.view(-1, G), token_rewards=token_rewards, mask=cmask,
-                               values=values, step_rewards=steps, state=self.adv_state, greedy_scores=greedy)
+        # The estimator sees the global batch (all ranks' rows, rank order); each rank keeps its rows.
+        w, n_local, t_local = self.world, batch.num_sequences, cmask.shape[1]
+        gmask = w.gather_rows(cmask)
+        if w.distributed and steps is not None:
+            steps = [r for part in w.gather_objects(steps) for r in part]
+        ctx = AdvantageContext(scores=w.gather_rows(scores).view(-1, G), token_rewards=w.gather_rows(token_rewards),
+                               mask=gmask, values=w.gather_rows(values), step_rewards=steps, state=self.adv_state,
+                               greedy_scores=w.gather_rows(greedy))
         adv = self.estimator.fn(ctx, self.adv_params)
+        first = w.row_offset(n_local)
+        local_adv = adv.advantages[first : first + n_local, :t_local]
+        local_returns = adv.returns[first : first + n_local, :t_local] if adv.returns is not None else None
 
         t0 = time.perf_counter()
         tb = TrainBatch(batch.prompt_ids, batch.prompt_mask, batch.completion_ids, loss_mask,
-                        adv.advantages, old, ref, values, adv.returns)
+                        local_adv, old, ref, values, local_returns)
         lr = self.sched.get_last_lr()[0]  # the learning rate this step's update uses
         stats = self._update(tb)
         t_update = time.perf_counter() - t0
@@ -219,39 +255,48 @@ class Trainer:
             self.ref.load_state_dict(self.policy.state_dict())
         self.backend.sync_weights(self.policy)
 
-        step_s = time.perf_counter() - t_start
-        r = rew.rewards.view(-1, G)
-        n_tokens = float(cmask.sum())
+        step_s = w.max(time.perf_counter() - t_start)
+        grew = RewardOutput(*(w.gather_rows(getattr(rew, f)) for f in ("rewards", "correct", "formatted", "overlong")),
+                            w.sum_dict(rew.verifier))
+        r = grew.rewards.view(-1, G)
+        lengths = gmask.sum(1)
+        n_tokens = float(gmask.sum())
         metrics = {
-            "train/reward_mean": float(rew.rewards.mean()), "train/reward_std": float(rew.rewards.std()),
-            "train/accuracy": float(rew.correct.mean()), "train/format_rate": float(rew.formatted.mean()),
-            "train/overlong_penalty": float(rew.overlong.mean()),
+            "train/reward_mean": float(grew.rewards.mean()), "train/reward_std": float(grew.rewards.std()),
+            "train/accuracy": float(grew.correct.float().mean()), "train/format_rate": float(grew.formatted.float().mean()),
+            "train/overlong_penalty": float(grew.overlong.mean()),
             "train/frac_reward_zero_std": float((r.std(dim=1) == 0).float().mean()),
             "train/completion_len_mean": float(lengths.float().mean()),
             "train/completion_len_max": float(lengths.max()),
-            "train/clipped_ratio": float(batch.truncated.float().mean()),
-            "train/advantage_abs_mean": float((adv.advantages.abs() * cmask).sum() / max(n_tokens, 1)),
+            "train/clipped_ratio": float(w.gather_rows(batch.truncated).float().mean()),
+            "train/advantage_abs_mean": float((adv.advantages.abs() * gmask).sum() / max(n_tokens, 1)),
             "train/lr": lr, "train/kl_coef": self.kl_coef, "train/skipped_updates": float(self.skipped),
             "time/logprob_s": t_logprob, "time/old_logprob_s": t_old, "time/ref_logprob_s": t_ref,
             "time/value_s": t_logprob - t_old - t_ref, "time/update_s": t_update, "time/step_s": step_s,
             "time/elapsed_s": self.elapsed_before + time.time() - self.start_time,
             "perf/tokens_per_s": n_tokens / step_s, "perf/completion_tokens": n_tokens,
-            "perf/padding_waste": padding_waste(batch.prompt_mask, cmask, mb, batch.prompt_ids if share else None),
+            "perf/padding_waste": w.sum(padding_waste(batch.prompt_mask, cmask, mb, batch.prompt_ids if share else None))
+            / w.world_size,
             **info, **{f"train/{k}": v for k, v in stats.items()},
-            "verifier/timeouts": rew.verifier.get("verifier/timeouts", 0.0),
-            "verifier/errors": rew.verifier.get("verifier/errors", 0.0),
+            "verifier/timeouts": grew.verifier.get("verifier/timeouts", 0.0),
+            "verifier/errors": grew.verifier.get("verifier/errors", 0.0),
         }
+        for k in ("time/logprob_s", "time/old_logprob_s", "time/ref_logprob_s", "time/value_s", "time/update_s",
+                  "time/rollout_s", "time/reward_s"):
+            metrics[k] = w.max(metrics[k])  # the slowest rank sets the step's pace
         if "train/kl" in metrics:  # the controller sets the next step's coefficient
             self.kl_coef = self.kl_controller(self.kl_coef, metrics["train/kl"], batch.num_sequences,
                                               cfg.kl.target, cfg.kl.horizon)
-        self._last = StepRecord(self.step, batch, rew, ctx.scores, adv.advantages, adv.returns, loss_mask, metrics,
-                                greedy, self._first_logprobs)
+        self._last = StepRecord(self.step, batch, rew, ctx.scores[first // G : (first + n_local) // G], local_adv,
+                                local_returns, loss_mask, metrics, greedy, self._first_logprobs)
         return metrics
 
     def _greedy_scores(self, problems) -> torch.Tensor:
         """``[P]`` reward of one greedy completion per prompt (for estimators that need it, ReMax),
         scored exactly as the sampled ones."""
         cfg = self.cfg
+        if not problems:
+            return torch.zeros(0)
         greedy = SamplingParams(temperature=0.0, max_new_tokens=cfg.rollout.max_new_tokens)
         out = self.backend.generate([self.task.prompt(p, self.tok) for p in problems], 1, greedy)
         rew = compute_rewards(self.task, out.texts, [p.gold for p in problems], out.completion_mask.sum(1),
@@ -297,14 +342,21 @@ class Trainer:
 
     # -------------------------------------------------------------------- loop
     def run_eval(self, step: int) -> dict:
-        cfg = self.cfg
+        """Evaluate on the fixed eval set; data-parallel, each rank scores a contiguous share and the
+        per-problem means are combined (weighted by share size), the sample table is rank 0's."""
+        cfg, w = self.cfg, self.world
         problems = self.task.eval[: cfg.eval.size] if cfg.eval.size else self.task.eval
-        m, rows = evaluate(self.task, self.backend, self.tok, problems,
+        share = w.shard(len(problems))
+        m, rows = evaluate(self.task, self.backend, self.tok, problems[share.start : share.stop],
                            max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
                            num_samples=cfg.eval.num_samples, temperature=cfg.eval.temperature,
                            batch_size=cfg.eval.batch_size, log_samples=cfg.eval.log_samples,
-                           seed=cfg.seed * 1_000_003 + 999_983 * (step + 1))
-        if rows:
+                           seed=cfg.seed * 1_000_003 + 999_983 * (step + 1), first_index=share.start)
+        if w.distributed:
+            n = max(len(problems), 1)
+            summed = w.sum_dict({k: v * len(share) for k, v in m.items() if k != "eval/num_samples"})
+            m = {**m, **{k: v / n for k, v in summed.items()}}
+        if rows and w.is_main:
             self.tracker.log_table(rows, f"samples/eval_step_{step:06d}.json")
         if self.on_eval is not None:
             self.on_eval(step, m)
@@ -318,14 +370,14 @@ class Trainer:
         """
         cfg = self.cfg
         history = {}
-        peak = PeakMemory()
+        peak, w = PeakMemory(), self.world
         if self.step == 0:
             history[0] = self.run_eval(0)
             self.tracker.log_metrics(history[0], step=0)
         while self.step < cfg.train.steps:
             peak.reset()
             m = self.train_step()
-            m["perf/peak_mem_bytes"] = peak.read()
+            m["perf/peak_mem_bytes"] = w.max(peak.read())  # the largest rank's
             step = self.step
             last = step == cfg.train.steps
             if (cfg.eval.every and step % cfg.eval.every == 0) or last:
@@ -338,7 +390,7 @@ class Trainer:
                 self.tracker.set_tags({warning.tag: warning.message})
             if self.on_step is not None:
                 self.on_step(self._last)
-            log.info("step %d/%d reward %.3f acc %.3f %s(%.1fs)", step, cfg.train.steps,
+            (log.info if w.is_main else log.debug)("step %d/%d reward %.3f acc %.3f %s(%.1fs)", step, cfg.train.steps,
                      m["train/reward_mean"], m["train/accuracy"],
                      f"eval_acc {m['eval/accuracy']:.3f} " if "eval/accuracy" in m else "", m["time/step_s"])
             periodic = self.checkpoint_dir is not None and cfg.checkpoint.every > 0
@@ -364,11 +416,21 @@ class Trainer:
         }
 
     def save_checkpoint(self, finished: bool = False):
+        """Write a checkpoint (rank 0; every rank calls this at the same step: it gathers each rank's
+        RNG state into ``rng_per_rank`` and waits until the file is in place)."""
         if self.checkpoint_dir is None:
             return None
-        state = self.state_dict()
-        state["finished"] = finished
-        return ckpt.save(self.checkpoint_dir, self.step, state, keep=self.cfg.checkpoint.keep)
+        rngs = self.world.gather_objects(ckpt.rng_state())
+        path = None
+        if self.world.is_main:
+            state = self.state_dict()
+            state["finished"] = finished
+            state["world_size"] = self.world.world_size
+            if self.world.distributed:
+                state["rng_per_rank"] = rngs
+            path = ckpt.save(self.checkpoint_dir, self.step, state, keep=self.cfg.checkpoint.keep)
+        self.world.barrier()
+        return path
 
     def load_state_dict(self, state: dict) -> None:
         self.step, self.data_pos = state["step"], state["data_pos"]
@@ -384,7 +446,9 @@ class Trainer:
         self.skipped = state.get("skipped", 0)
         self.kl_coef = state.get("kl_coef", self.kl_coef)
         self.elapsed_before = state.get("elapsed_s", 0.0)
-        ckpt.set_rng_state(state["rng"])
+        per_rank = state.get("rng_per_rank")
+        same_world = per_rank is not None and len(per_rank) == self.world.world_size
+        ckpt.set_rng_state(per_rank[self.world.rank] if same_world else state["rng"])
         self.backend.sync_weights(self.policy)
         self._log_pending(state.get("pending_metrics") or [])
 
@@ -411,6 +475,11 @@ def _select_rewards(rew, rows):
 
     idx = torch.as_tensor(rows, dtype=torch.long)
     return RewardOutput(rew.rewards[idx], rew.correct[idx], rew.formatted[idx], rew.overlong[idx], rew.verifier)
+
+
+def _empty_rewards():
+    z = torch.zeros(0)
+    return RewardOutput(z, z.clone(), z.clone(), z.clone(), {"verifier/timeouts": 0, "verifier/errors": 0})
 
 
 def _cat_rewards(rews):

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.algo import POLICY_LOSSES, aggregate_loss, aggregation_normalizers, kl_penalty, masked_mean
+from harness.algo import POLICY_LOSSES, aggregate_loss, kl_penalty, masked_mean
+from harness.distributed import world
 from harness.kv import prompt_groups
 from harness.logprobs import token_logprobs
 
@@ -180,8 +181,23 @@ def aggregate(per_token, mask, cfg, norm: dict):
     return aggregate_loss(per_token, mask, cfg.loss_agg.name, cfg.loss_agg, max_len=cfg.rollout.max_new_tokens, **norm)
 
 
+def global_normalizers(mask: torch.Tensor) -> dict:
+    """The aggregation normalisers of the *global* batch: valid tokens, sequences with >= 1 valid
+    token and rows of ``mask`` ``[b, T]`` summed over all ranks (:mod:`harness.distributed`), each
+    at least 1. On one process these are :func:`harness.algo.aggregation_normalizers`'s counts.
+    """
+    m = mask.to(torch.bool)
+    local = {"num_tokens": float(m.sum()), "num_seqs": float((m.sum(-1) > 0).sum()), "num_rows": float(m.shape[0])}
+    return {k: max(int(round(v)), 1) for k, v in world().sum_dict(local).items()}
+
+
 def policy_pass(policy, batch: TrainBatch, cfg, micro_batch_size: int, beta=None, logprobs_out=None) -> dict:
     """Accumulate gradients of the policy loss over micro-batches (no optimizer step).
+
+    Data-parallel (``torchrun``): ``batch`` is this rank's rows; the normalisers are the global
+    batch's (:func:`global_normalizers`), the gradients are summed over ranks at the end and the
+    returned statistics are those of the global batch, so every rank ends with the gradient and
+    statistics a single process computes on the whole batch.
 
     Args:
         cfg: the run's Config: the loss is :func:`token_objective` + :func:`aggregate`;
@@ -193,7 +209,7 @@ def policy_pass(policy, batch: TrainBatch, cfg, micro_batch_size: int, beta=None
         token-weighted means of the loss statistics over the batch (python floats); ``loss`` is
         the full-batch loss.
     """
-    norm = aggregation_normalizers(batch.loss_mask)
+    norm = global_normalizers(batch.loss_mask)
     total_tokens = max(norm["num_tokens"], 1.0)
     share = cfg.train.share_prefix
     loss_params = POLICY_LOSSES.spec(cfg.policy_loss.name).build(cfg.policy_loss)
@@ -218,7 +234,14 @@ def policy_pass(policy, batch: TrainBatch, cfg, micro_batch_size: int, beta=None
         for k, v in stats.items():
             v = float(v)
             sums[k] = sums.get(k, 0.0) + (v if k == "loss" else v * w)
-    return sums
+    world().all_reduce_grads(policy.parameters())
+    return _global_stats(sums)
+
+
+def _global_stats(sums: dict) -> dict:
+    """Sum token-weighted statistics over ranks; a rank with no rows contributes zeros. The keys
+    are the policy loss's, the same on every rank except on one that had no micro-batch."""
+    return world().sum_dict(sums)
 
 
 def batched_forward(fn, prompt_ids, prompt_mask, completion_ids, completion_mask, micro_batch_size,

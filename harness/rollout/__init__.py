@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness.rollout.base import RolloutBackend, RolloutBatch, SamplingParams, concat_batches
+from harness.rollout.base import RolloutBackend, RolloutBatch, SamplingParams, concat_batches, empty_batch
 
 # name -> "module:class"; a backend implements RolloutBackend (generate + sync_weights).
 BACKENDS = {"hf": "harness.rollout.hf:HFRollout"}
@@ -22,4 +22,4 @@ def build_backend(name: str, model, tokenizer, **kwargs) -> RolloutBackend:
     return getattr(importlib.import_module(module), cls)(model, tokenizer, **kwargs)
 
 
-__all__ = ["RolloutBackend", "RolloutBatch", "SamplingParams", "build_backend", "concat_batches"]
+__all__ = ["RolloutBackend", "RolloutBatch", "SamplingParams", "build_backend", "concat_batches", "empty_batch"]

@@ -91,6 +91,13 @@ def concat_batches(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
     )
 
 
+def empty_batch(group_size: int, pad_id: int) -> RolloutBatch:
+    """A batch of 0 rows (a data-parallel rank whose groups were all filtered out this step)."""
+    z = torch.full((0, 1), pad_id, dtype=torch.long)
+    return RolloutBatch(z, torch.zeros((0, 1), dtype=torch.long), z.clone(), torch.zeros((0, 1), dtype=torch.long),
+                        torch.zeros(0, dtype=torch.bool), [], group_size)
+
+
 class RolloutBackend(Protocol):
     """What the trainer needs from a generator."""
 

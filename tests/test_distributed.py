@@ -1,0 +1,234 @@
+"""Data-parallel training (``torchrun``, gloo on CPU) equals the one-process run on the same global batch.
+
+Every case launches the job the way a user does (``torchrun --standalone --nproc_per_node=2 -m
+harness.run ...`` against ``python -m harness.run ...``) and compares what MLflow and the final
+checkpoint hold: per-step loss and grad norm, the reward and advantage statistics, the token
+count, and every weight after the last step, to 1e-5.
+
+The policy is a tiny random Llama saved to a folder, with its EOS logit raised (as
+``tests/knob_probe.py`` does) so completions end at varied lengths; the reward is the task's
+verifier plus DAPO's soft overlong penalty (``overlong.*``), which depends on the length, so
+groups have non-zero advantages and rows of uneven length land on both ranks.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+
+BASE = [
+    "task=arith", "train.prompts_per_step=4", "group_size=4", "rollout.max_new_tokens=12", "eval.size=5",
+    "eval.every=1", "rollout.progress=false", "train.micro_batch_size=3", "overlong.buffer=11",
+    "overlong.penalty=1.0", "train.lr=1e-3",  # a large lr: the weights move far more than the 1e-5 tolerance
+]
+
+
+def _torchrun() -> list[str]:
+    exe = Path(sys.executable).parent / "torchrun"
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "torch.distributed.run"]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory, tokenizer):
+    from tests import knob_probe
+    from tests.conftest import tiny_llama
+
+    folder = tmp_path_factory.mktemp("tiny_eos")
+    model = tiny_llama(tokenizer)
+    head = model.get_output_embeddings().weight
+    d = torch.randn(head.shape[1], generator=torch.Generator().manual_seed(knob_probe.EOS_SEED))
+    with torch.no_grad():
+        head[tokenizer.eos_token_id] = d / d.norm() * knob_probe.EOS_NORM
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def _env(mark: str | None = None) -> dict:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    env.pop("WORLD_SIZE", None)
+    if mark:
+        env["HARNESS_TEST_MARK"] = mark
+    return env
+
+
+def _args(tiny_dir, out: Path, steps: int, extra) -> list[str]:
+    return [f"model.name_or_path={tiny_dir}", *BASE, f"train.steps={steps}", f"checkpoint.dir={out / 'ck'}",
+            f"tracking.uri=sqlite:///{out / 'mlflow.db'}", *extra]
+
+
+def launch(tiny_dir, out: Path, ranks: int, steps: int = 2, extra=(), check: bool = True):
+    """Run one job in ``out`` with 1 process (``python -m``) or ``ranks`` processes (``torchrun``)."""
+    out.mkdir(parents=True, exist_ok=True)
+    head = [sys.executable, "-m", "harness.run"] if ranks == 1 else [
+        *_torchrun(), "--standalone", f"--nproc_per_node={ranks}", "-m", "harness.run"]
+    proc = subprocess.run([*head, *_args(tiny_dir, out, steps, extra)], cwd=out, env=_env(), capture_output=True,
+                          text=True, timeout=600)
+    if check:
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return proc
+
+
+KEYS = ["train/loss", "train/grad_norm", "train/reward_mean", "train/advantage_abs_mean", "train/entropy",
+        "perf/completion_tokens", "train/groups_kept", "train/prompts_sampled", "eval/accuracy", "eval/completion_len_mean"]
+
+
+def record(out: Path) -> dict:
+    """The one MLflow run in ``out``: its tags and the metric histories of ``KEYS`` (step -> value)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("grpo-harness").experiment_id])
+    assert len(runs) == 1, f"{len(runs)} MLflow runs in {out}"
+    hist = {}
+    for k in KEYS:
+        ms = client.get_metric_history(runs[0].info.run_id, k)
+        assert len({m.step for m in ms}) == len(ms), f"{k}: a step logged twice"
+        hist[k] = {m.step: m.value for m in ms}
+    hist["tags"] = runs[0].data.tags
+    hist["status"] = runs[0].info.status
+    hist["extra"] = {k: client.get_metric_history(runs[0].info.run_id, k) for k in ("train/kl", "train/value_loss")}
+    return hist
+
+
+def weights(out: Path) -> dict:
+    return torch.load(sorted(glob.glob(str(out / "ck" / "step_*.pt")))[-1], weights_only=False)
+
+
+def assert_same(one: Path, two: Path, steps: int, tiny_dir: Path, keys=KEYS):
+    a, b = record(one), record(two)
+    assert b["tags"]["world_size"] == "2" and a["tags"]["world_size"] == "1"
+    assert a["status"] == b["status"] == "FINISHED"
+    for k in keys:
+        assert sorted(a[k]) == sorted(b[k]), k
+        for s in a[k]:
+            assert b[k][s] == pytest.approx(a[k][s], rel=1e-5, abs=1e-6), (k, s, a[k][s], b[k][s])
+    assert sorted(a["train/loss"]) == list(range(1, steps + 1))
+    # the variant is on: the loss and its gradient are not trivially zero
+    assert max(abs(v) for v in a["train/grad_norm"].values()) > 1e-3
+    wa, wb = weights(one), weights(two)
+    assert wa["step"] == wb["step"] == steps
+    diff = max(float((wa["policy"][k] - wb["policy"][k]).abs().max()) for k in wa["policy"])
+    moved = max(float((wa["policy"][k] - w0).abs().max()) for k, w0 in _initial(tiny_dir).items())
+    assert diff < 1e-5, f"weights differ by {diff}"
+    assert moved > 1e-3, "the updates did not move the weights: the comparison would be vacuous"
+    return a, b
+
+
+def _initial(tiny_dir: Path) -> dict:
+    from safetensors.torch import load_file
+
+    sd = load_file(str(tiny_dir / "model.safetensors"))
+    sd.setdefault("lm_head.weight", sd["model.embed_tokens.weight"])
+    return sd
+
+
+def pair(tiny_dir, tmp_path, name: str, steps: int = 2, extra=()):
+    one, two = tmp_path / f"{name}-1", tmp_path / f"{name}-2"
+    for out, ranks in ((one, 1), (two, 2)):
+        launch(tiny_dir, out, ranks, steps, extra)
+    return one, two
+
+
+def test_two_ranks_equal_one_default_grpo_with_mu2(tiny_dir, tmp_path):
+    """GRPO, seq-mean-token-mean, mu=2 (old log-probs, clipping), 3-row micro-batches over 8-row shards."""
+    one, two = pair(tiny_dir, tmp_path, "grpo", extra=["mu=2", "checkpoint.every=1"])
+    a, _ = assert_same(one, two, 2, tiny_dir)
+    assert a["tags"]["estimator"] == "grpo"
+
+
+def test_two_ranks_equal_one_token_mean_batch_whitening_and_kl(tiny_dir, tmp_path):
+    """token-mean with REINFORCE++ (advantages whitened over the *global* batch) and a k3 KL term."""
+    one, two = pair(tiny_dir, tmp_path, "rpp", extra=["advantage=reinforce_pp", "loss_agg=token-mean", "beta=0.1",
+                                                      "kl.form=k3", "checkpoint.every=0"])
+    a, b = assert_same(one, two, 2, tiny_dir)
+    kl_a = {m.step: m.value for m in a["extra"]["train/kl"]}
+    kl_b = {m.step: m.value for m in b["extra"]["train/kl"]}
+    assert kl_a and kl_b == pytest.approx(kl_a, rel=1e-5, abs=1e-7)
+
+
+def test_two_ranks_equal_one_seq_sum_norm_with_ppo_critic(tiny_dir, tmp_path):
+    """seq-mean-token-sum-norm (Dr. GRPO's constant divisor) with PPO: GAE over gathered values and a
+    data-parallel critic (its value loss normalised over the global batch)."""
+    one, two = pair(tiny_dir, tmp_path, "ppo", extra=["advantage=ppo", "loss_agg=seq-mean-token-sum-norm",
+                                                      "checkpoint.every=0"])
+    a, b = assert_same(one, two, 2, tiny_dir)
+    va = {m.step: m.value for m in a["extra"]["train/value_loss"]}
+    vb = {m.step: m.value for m in b["extra"]["train/value_loss"]}
+    assert va and vb == pytest.approx(va, rel=1e-5)
+
+
+def test_two_ranks_equal_one_with_dapo_dynamic_sampling(tiny_dir, tmp_path):
+    """DAPO's group filter keeps uneven numbers of groups per rank (possibly none on one) and resamples
+    until the global count is reached; the kept count and the update match one process."""
+    extra = ["group_filter=dapo", "group_filter.max_rounds=3", "overlong.buffer=3", "checkpoint.every=0"]
+    one, two = pair(tiny_dir, tmp_path, "dapo", steps=3, extra=extra)
+    a, _ = assert_same(one, two, 3, tiny_dir)
+    assert max(a["train/prompts_sampled"].values()) > 4, "no group was filtered: the case tests nothing"
+    assert min(a["train/groups_kept"].values()) >= 1
+
+
+def _rank_pid(mark: str, rank: int) -> int | None:
+    """The pid of the torchrun worker with ``RANK=rank`` among the processes started with ``mark``."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            env = set((proc / "environ").read_bytes().split(b"\0"))
+        except OSError:
+            continue
+        if f"HARNESS_TEST_MARK={mark}".encode() in env and f"RANK={rank}".encode() in env:
+            return int(proc.name)
+    return None
+
+
+def test_kill_one_rank_then_resume(tiny_dir, tmp_path):
+    """SIGKILL of rank 1 mid-run: torchrun stops the job with an error naming the rank; the same
+    command resumes from the last checkpoint into the same MLflow run, and the result equals the
+    uninterrupted one-process run (weights to 1e-5, every metric step logged once)."""
+    steps, extra = 10, ["checkpoint.every=2", "eval.every=5"]
+    one, two = tmp_path / "kill-1", tmp_path / "kill-2"
+    launch(tiny_dir, one, 1, steps, extra)
+    two.mkdir()
+
+    mark = uuid.uuid4().hex
+    cmd = [*_torchrun(), "--standalone", "--nproc_per_node=2", "-m", "harness.run", *_args(tiny_dir, two, steps, extra)]
+    proc = subprocess.Popen(cmd, cwd=two, env=_env(mark), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    killed_at = None
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if glob.glob(str(two / "ck" / "step_*.pt")):
+            pid = _rank_pid(mark, 1)
+            if pid is not None:
+                killed_at = sorted(glob.glob(str(two / "ck" / "step_*.pt")))[-1]
+                os.kill(pid, signal.SIGKILL)
+                break
+        time.sleep(0.02)
+    out, _ = proc.communicate(timeout=300)
+    assert killed_at is not None, "rank 1 was never found to kill:\n" + out[-3000:]
+    assert proc.returncode != 0, "the job did not fail after its rank 1 was killed:\n" + out[-3000:]
+    assert "rank      : 1" in out and "Signal 9 (SIGKILL)" in out, out[-3000:]
+    assert weights(two)["step"] < steps, "the kill came after the last step: nothing to resume"
+
+    again = launch(tiny_dir, two, 2, steps, extra)
+    assert "resuming from" in again.stdout + again.stderr
+    a, b = record(one), record(two)
+    assert b["status"] == "FINISHED"
+    for k in ("train/loss", "train/grad_norm", "eval/accuracy"):
+        assert sorted(b[k]) == sorted(a[k]), k
+        for s in a[k]:
+            assert b[k][s] == pytest.approx(a[k][s], rel=1e-5, abs=1e-6), (k, s)
+    wa, wb = weights(one), weights(two)
+    assert max(float((wa["policy"][k] - wb["policy"][k]).abs().max()) for k in wa["policy"]) < 1e-5
+    shutil.rmtree(two / "ck", ignore_errors=True)
