@@ -133,7 +133,7 @@ def per_run_metrics(runs: pd.DataFrame, history: pd.DataFrame) -> pd.DataFrame:
     """One row per run with the derived comparison metrics (see module docstring).
 
     Final metrics come from the ``final/*`` summary when logged, else from the histories
-    (last ``eval/accuracy``, max ``perf/peak_mem_bytes``, mean ``time/step_s``, last
+    (last ``eval/accuracy``, max ``perf/peak_mem_gib`` (or ``perf/peak_mem_bytes``), mean ``time/step_s``, last
     ``time/elapsed_s``, last ``eval/pass_at_k``).
     """
     keep = [c for c in runs.columns if not c.startswith(("params.", "metrics.", "tags."))]
@@ -160,7 +160,9 @@ def per_run_metrics(runs: pd.DataFrame, history: pd.DataFrame) -> pd.DataFrame:
         return fallback
 
     out["final_eval_accuracy"] = final("final/eval_accuracy", from_hist("eval/accuracy", "last"))
-    out["peak_mem_gib"] = final("final/peak_mem_bytes", from_hist("perf/peak_mem_bytes", "max")) / GIB
+    # runs since 2026-12-01 log perf/peak_mem_gib; older ones perf/peak_mem_bytes
+    gib = from_hist("perf/peak_mem_gib", "max")
+    out["peak_mem_gib"] = final("final/peak_mem_bytes", gib.where(gib.notna(), from_hist("perf/peak_mem_bytes", "max") / GIB) * GIB) / GIB
     out["step_time_s"] = final("final/step_time_s_mean", from_hist("time/step_s", "mean"))
     out["wall_time_s"] = final("final/wall_time_s", from_hist("time/elapsed_s", "last"))
     out["final_pass_at_k"] = from_hist("eval/pass_at_k", "last")

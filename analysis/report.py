@@ -79,12 +79,29 @@ _PER_RUN_PARAMS = {"params.seed", "params.tracking.run_name", "params.tracking.s
 
 def mixed_params(runs: pd.DataFrame, by: list[str]) -> list[str]:
     """Param columns whose value varies inside some group of ``by`` (besides the seed)."""
-    cols = [c for c in runs.columns if c.startswith("params.") and c not in _PER_RUN_PARAMS]
+    cols = [c for c in runs.columns if c.startswith("params.") and c not in _PER_RUN_PARAMS
+            and not c.startswith("params.provenance.")]
     by = [b for b in by if b in runs.columns]
     if runs.empty or not by or not cols:
         return []
     varying = runs.groupby(by, dropna=False)[cols].nunique(dropna=False).max()
     return sorted(c[len("params."):] for c, n in varying.items() if n > 1)
+
+
+_PROVENANCE_PER_MACHINE = {"params.provenance.machine.hostname", "params.provenance.machine.torch_threads"}
+
+
+def provenance_differences(runs: pd.DataFrame) -> pd.DataFrame:
+    """``provenance.*`` params (versions, machine, commit, dirty tree, data and weight digests) whose
+    value is not the same in every run compared: ``key``, ``values`` (value: number of runs)."""
+    cols = [c for c in runs.columns if c.startswith("params.provenance.") and c not in _PROVENANCE_PER_MACHINE]
+    rows = []
+    for c in sorted(cols):
+        counts = runs[c].fillna("<not recorded>").astype(str).value_counts()
+        if len(counts) > 1:
+            rows.append({"key": c[len("params.provenance."):],
+                         "values": "; ".join(f"{v[:16]}{'...' if len(v) > 16 else ''}: {n}" for v, n in counts.items())})
+    return pd.DataFrame(rows, columns=["key", "values"])
 
 
 def write_report(out: str | Path, coll: Collection, frames: dict[str, pd.DataFrame],
@@ -121,6 +138,16 @@ def write_report(out: str | Path, coll: Collection, frames: dict[str, pd.DataFra
                   "of the mean paired difference; Welch's t-test on the unpaired runs (secondary).", ""]
         cols = ["metric", "n_pairs", "mean_a", "mean_b", "mean_diff", "boot_lo", "boot_hi", "welch_p"]
         lines.append(markdown_table(paired[cols]))
+
+    lines += ["## Provenance", ""]
+    prov = provenance_differences(coll.runs)
+    if not any(c.startswith("params.provenance.") for c in coll.runs.columns):
+        lines += ["_The runs record no provenance (logged since 2026-12-01)._", ""]
+    elif prov.empty:
+        lines += ["Every run compared has the same package versions, machine, commit, tree state, data "
+                  "and initial-weight digests.", ""]
+    else:
+        lines += ["The runs compared differ in what produced them (value: runs):", "", markdown_table(prov), ""]
 
     lines += ["## Runs", ""]
     per_run = frames.get("per_run", pd.DataFrame())

@@ -155,6 +155,7 @@ class TrainConfig:
     share_prefix: bool = True  # training forwards run each group's prompt once (exact; fewer tokens)
     max_bad_steps: int = 5  # consecutive non-finite steps before stopping
     threads: int = 0  # torch intra-op threads (0 = leave default)
+    precision: str = "fp32"  # fp32 | bf16-autocast (fp32 master weights, bf16 matmuls) | auto (measured at startup)
 
 
 @dataclass
@@ -172,8 +173,10 @@ class EvalConfig:
 class TrackingConfig:
     uri: Optional[str] = None  # None: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db
     experiment: str = "grpo-harness"
-    run_name: Optional[str] = None
+    run_name: Optional[str] = None  # None: <estimator>-G<group_size>-<task>-s<seed>
     sweep: Optional[str] = None  # tag shared by the jobs of one sweep
+    system_metrics: bool = False  # sample CPU/memory/GPU use into system/* metrics (MLflow's monitor)
+    system_metrics_interval_s: float = 10.0
 
 
 @dataclass

@@ -90,10 +90,12 @@ class Critic:
     @torch.no_grad()
     def values(self, prompt_ids, prompt_mask, completion_ids, completion_mask, micro_batch_size: int):
         """``[B, Tc]`` values of the rollout batch, without gradients."""
+        from harness.precision import autocast
         from harness.update import batched_forward
 
-        return batched_forward(self.model, prompt_ids, prompt_mask, completion_ids, completion_mask,
-                               micro_batch_size, self.model.share_prefix)
+        with autocast(self.cfg.train.precision):
+            return batched_forward(self.model, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                                   micro_batch_size, self.model.share_prefix).float()
 
     def update(self, batch, micro_batch_size: int) -> dict:
         """One optimizer step on the clipped value loss (token-mean over the whole batch).
@@ -105,6 +107,7 @@ class Critic:
         Data-parallel: ``batch`` is this rank's rows; the token count is the global batch's, the
         gradients are summed over ranks before clipping and the statistics are global.
         """
+        from harness.precision import autocast
         from harness.update import global_normalizers, micro_batches
 
         c = self.cfg.critic
@@ -113,7 +116,8 @@ class Critic:
         sums = {"value_loss": 0.0, "vf_clip_frac": 0.0}
         for _, mb in micro_batches(batch, micro_batch_size, self.model.share_prefix):
             mask = mb.loss_mask.float()
-            v = self.model(mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.loss_mask)
+            with autocast(self.cfg.train.precision):
+                v = self.model(mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.loss_mask).float()
             per_token, stats = value_loss(v, mb.old_values, mb.returns, mask, clip_range=c.value_clip)
             loss = c.vf_coef * aggregate_loss(per_token, mask, "token-mean", num_tokens=norm["num_tokens"])
             loss.backward()

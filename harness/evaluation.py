@@ -10,7 +10,7 @@ from harness.rollout import SamplingParams
 
 def evaluate(task, backend, tokenizer, problems, *, max_new_tokens: int, num_samples: int = 0,
              temperature: float = 1.0, batch_size: int = 64, log_samples: int = 8, seed: int | None = None,
-             first_index: int = 0):
+             first_index: int = 0, correct_out: list | None = None):
     """Score the policy on ``problems``.
 
     Args:
@@ -26,6 +26,8 @@ def evaluate(task, backend, tokenizer, problems, *, max_new_tokens: int, num_sam
             on ``batch_size``; None uses torch's global generator.
         first_index: index of ``problems[0]`` in the whole eval set (a data-parallel rank's share),
             so a problem's samples are seeded by its global index.
+        correct_out: when a list, the greedy verdict of each problem (1 / 0, in order) is appended
+            to it (per-problem results for intervals over eval problems, :mod:`analysis.ablation`).
     Returns:
         (metrics dict with ``eval/accuracy``, ``eval/format_rate``[, ``eval/mean_at_k``,
         ``eval/pass_at_k``, ``eval/num_samples``], list of sample rows).
@@ -39,6 +41,8 @@ def evaluate(task, backend, tokenizer, problems, *, max_new_tokens: int, num_sam
         texts += out.texts
         lengths += out.completion_mask.sum(1).tolist()
     verdicts = task.score(texts, golds)
+    if correct_out is not None:
+        correct_out.extend(int(bool(v.correct)) for v in verdicts)
     n = max(len(problems), 1)
     metrics = {
         "eval/accuracy": sum(v.correct for v in verdicts) / n,

@@ -105,16 +105,69 @@ def prepare(cfg) -> None:
     Raises:
         ConfigError: naming the first invalid key.
     """
-    from harness import distributed
+    from harness import distributed, precision
 
     validate(cfg)
-    distributed.init()
+    w = distributed.init()
     torch.manual_seed(cfg.seed)
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
+    if cfg.train.precision == "auto":  # measured here (rank 0's choice for every rank), then recorded
+        choice = w.broadcast_object(precision.choose() if w.is_main else None)
+        log.info("train.precision=auto -> %s (%s)", choice, precision.LAST_PROBE)
+        cfg.train.precision = choice
 
 
-def train(cfg, on_eval=None, on_step=None) -> float:
+def default_run_name(cfg) -> str:
+    """``<estimator>-G<group_size>-<task>-s<seed>`` (e.g. ``grpo-G8-arith-s0``), the policy loss and
+    loss aggregation appended when they are not the defaults; ``tracking.run_name`` overrides it."""
+    name = f"{cfg.advantage.name}-G{cfg.group_size}-{cfg.task.name}-s{cfg.seed}"
+    if cfg.policy_loss.name != "ppo_clip":
+        name += f"-{cfg.policy_loss.name}"
+    return name
+
+
+def command_line() -> str:
+    """The command this process was started with, as a user would type it."""
+    import shlex
+
+    head = "python -m harness.run" if sys.argv and sys.argv[0].endswith(("run.py", "harness.run")) else \
+        "python " + Path(sys.argv[0]).name if sys.argv else "python"
+    return " ".join([head, *(shlex.quote(a) for a in sys.argv[1:])])
+
+
+def _record_provenance(tracker, cfg, task, policy, rerun_of=None, recorded=None) -> dict:
+    """Provenance params, MLflow's standard source tags and the data sets as dataset inputs;
+    for a rerun, a warning (and a ``rerun.differs.<key>`` tag) for each provenance difference."""
+    import getpass
+
+    from harness import provenance
+
+    prov = provenance.collect(cfg, task, policy)
+    tracker.log_params(prov)
+    tags = {"mlflow.source.git.commit": prov["provenance.git.commit"], "mlflow.source.name": "harness.run",
+            "mlflow.source.type": "LOCAL", "mlflow.note.content": command_line(), "mlflow.user": getpass.getuser(),
+            "git_dirty": prov["provenance.git.dirty"]}
+    if rerun_of:
+        tags["rerun_of"] = rerun_of
+        for line in provenance.differences(recorded or {}, prov):
+            log.warning("rerun of %s: %s", rerun_of, line)
+            key = line.split(":", 1)[0]
+            tags[f"rerun.differs.{key}"] = line.split(":", 1)[1].strip()[:5000]
+    tracker.set_tags(tags)
+    sets = []
+    for split, problems, context in (("train", task.train, "train"), ("test", task.eval, "eval")):
+        src = task.sources.get(split, {})
+        source = src.get("source", f"generated:{cfg.task.name}")
+        sets.append({"name": f"{cfg.task.name}-{split}", "source": source,
+                     "source_type": "local" if source.startswith("/") else source.split(":", 1)[0],
+                     "digest": prov[f"provenance.data.{'train' if context == 'train' else 'eval'}.problems_sha256"],
+                     "context": context, "rows": len(problems)})
+    tracker.log_datasets(sets)
+    return prov
+
+
+def train(cfg, on_eval=None, on_step=None, rerun_of: str | None = None, recorded: dict | None = None) -> float:
     """Run one job; returns the final eval accuracy (the sweep objective).
 
     Args:
@@ -124,8 +177,11 @@ def train(cfg, on_eval=None, on_step=None) -> float:
             KILLED with a checkpoint and propagates).
         on_step: optional ``fn(record)`` called with each step's
             :class:`harness.trainer.StepRecord` (rewards, advantages, metrics).
+        rerun_of, recorded: set by :mod:`harness.rerun`: the MLflow run id this run repeats and
+            that run's params (its provenance is compared with this process's).
     """
     from harness import checkpoint as ckpt
+    from harness import precision
     from harness.distributed import world
     from harness.tracking import NullTracker, Tracker, flatten, git_commit, resolve_uri
     from harness.trainer import Trainer
@@ -163,7 +219,8 @@ def train(cfg, on_eval=None, on_step=None) -> float:
                       on_eval=on_eval, on_step=on_step)
     how = None
     if w.is_main:
-        how = tracker.open(ckpt_dir / "run.json", cfg.tracking.run_name, resume_id=state["run_id"] if state else None)
+        how = tracker.open(ckpt_dir / "run.json", cfg.tracking.run_name or default_run_name(cfg),
+                           resume_id=state["run_id"] if state else None)
     how = w.broadcast_object(how)
     if how == "resumed":
         trainer.load_state_dict(state)
@@ -175,11 +232,16 @@ def train(cfg, on_eval=None, on_step=None) -> float:
             "model": cfg.model.name_or_path if not cfg.model.tiny_config else "tiny-random",
             "git_commit": git_commit(), "seed": cfg.seed, "config_key": key,
             "output_dir": str(output_dir), "world_size": w.world_size,
+            **({f"precision.auto.{k}": v for k, v in precision.LAST_PROBE.items()} if precision.LAST_PROBE else {}),
             **({"sweep": cfg.tracking.sweep} if cfg.tracking.sweep else {}),
         })
         tracker.log_text(OmegaConf.to_yaml(cfg, resolve=True), "config/resolved.yaml")
+        if w.is_main:
+            _record_provenance(tracker, cfg, task, policy, rerun_of, recorded)
         tracker.log_metrics({"data/skipped_rows": task.skipped_rows,
                              "data/unparseable_golds": task.unparseable_golds}, step=0)
+    if cfg.tracking.system_metrics:
+        tracker.start_system_metrics(cfg.tracking.system_metrics_interval_s)
     status = "FAILED"
     try:
         history = trainer.fit()

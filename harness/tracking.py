@@ -117,8 +117,10 @@ class Tracker:
                     _create_sqlite_store(Path(uri[len("sqlite:///"):]))
                 self.client = MlflowClient(uri)
                 exp = self.client.get_experiment_by_name(experiment)
+                # a model-training experiment: the MLflow UI opens its runs table, not the GenAI view
                 self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(
-                    experiment, artifact_location=_artifact_location(uri))
+                    experiment, artifact_location=_artifact_location(uri),
+                    tags={"mlflow.experimentKind": "custom_model_development"})
             except Exception as e:
                 raise TrackingError(
                     f"tracking store {uri!r} is not usable ({type(e).__name__}: {e}); set tracking.uri=... "
@@ -128,6 +130,7 @@ class Tracker:
         self.pending: list = []
         self.logged: set[tuple[str, int]] = set()  # (key, step) already in the store: never sent twice
         self._beat = 0.0
+        self._system = None
 
     def start(self, run_name: str | None = None, run_id: str | None = None, tags: dict | None = None) -> str:
         """Create a run (with ``tags`` set at creation), or reopen ``run_id``; returns the run id.
@@ -270,6 +273,34 @@ class Tracker:
             del self.pending[: len(batch)]
         return True
 
+    def log_datasets(self, datasets: list[dict]) -> None:
+        """Record the data a run read as MLflow dataset inputs (the run page's Datasets panel).
+
+        Args:
+            datasets: ``{"name", "digest", "source_type", "source", "context", "rows"}`` each;
+                ``context`` is ``train`` or ``eval`` (MLflow's ``mlflow.data.context`` tag).
+        """
+        from mlflow.entities import Dataset, DatasetInput, InputTag
+
+        inputs = [DatasetInput(Dataset(name=d["name"], digest=d["digest"][:36], source_type=d["source_type"],
+                                       source=json.dumps({"uri": d["source"]}),
+                                       profile=json.dumps({"num_rows": d["rows"]})),
+                               tags=[InputTag("mlflow.data.context", d["context"])]) for d in datasets]
+        self._call(self.client.log_inputs, self.run_id, datasets=inputs)
+
+    def start_system_metrics(self, interval_s: float) -> None:
+        """Sample CPU / memory / GPU use into ``system/*`` metrics every ``interval_s`` seconds
+        (MLflow's ``SystemMetricsMonitor``, which needs ``psutil``; ``pynvml`` for GPUs)."""
+        try:
+            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+            self._system = SystemMetricsMonitor(self.run_id, sampling_interval=interval_s, resume_logging=True,
+                                                tracking_uri=self.uri)
+            self._system.start()
+        except Exception as e:  # optional: never stop a run for it
+            log.warning("system metrics not recorded: %s", e)
+            self._system = None
+
     def log_text(self, text: str, artifact_file: str) -> None:
         self._call(self.client.log_text, self.run_id, text, artifact_file)
 
@@ -283,6 +314,9 @@ class Tracker:
 
     def end(self, status: str = "FINISHED") -> None:
         """Flush (retrying briefly) and close the run with ``status``."""
+        if self._system is not None:
+            self._call(self._system.finish)
+            self._system = None
         for _ in range(3):
             if self.flush():
                 break
@@ -310,6 +344,7 @@ class NullTracker:
         return None
 
     log_params = set_tags = queue = extend = log_metrics = log_text = log_table = heartbeat = end = _noop
+    log_datasets = start_system_metrics = _noop
 
     def flush(self) -> bool:
         return True

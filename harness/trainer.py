@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import logging
 import math
 import time
@@ -216,7 +217,7 @@ class Trainer:
 
         share = cfg.train.share_prefix
         lp_kw = dict(temperature=cfg.rollout.temperature, chunk=cfg.train.logprob_chunk, micro_batch_size=mb,
-                     share_prefix=share)
+                     share_prefix=share, precision=cfg.train.precision)
         need_old = cfg.mu > 1 or (self.use_ref and cfg.kl.placement == "reward")
         t0 = time.perf_counter()
         old = batched_logprobs(self.policy, *args, **lp_kw) if need_old else None
@@ -347,11 +348,17 @@ class Trainer:
         cfg, w = self.cfg, self.world
         problems = self.task.eval[: cfg.eval.size] if cfg.eval.size else self.task.eval
         share = w.shard(len(problems))
+        correct: list[int] = []
         m, rows = evaluate(self.task, self.backend, self.tok, problems[share.start : share.stop],
                            max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
                            num_samples=cfg.eval.num_samples, temperature=cfg.eval.temperature,
                            batch_size=cfg.eval.batch_size, log_samples=cfg.eval.log_samples,
-                           seed=cfg.seed * 1_000_003 + 999_983 * (step + 1), first_index=share.start)
+                           seed=cfg.seed * 1_000_003 + 999_983 * (step + 1), first_index=share.start,
+                           correct_out=correct)
+        correct = [c for part in w.gather_objects(correct) for c in part]  # eval-set order
+        if w.is_main:  # per-problem greedy verdicts: intervals over problems (analysis.ablation)
+            self.tracker.log_text(json.dumps({"step": step, "problem_ids": [p.id for p in problems],
+                                              "correct": correct}), f"eval/correct_step_{step:06d}.json")
         if w.distributed:
             n = max(len(problems), 1)
             summed = w.sum_dict({k: v * len(share) for k, v in m.items() if k != "eval/num_samples"})
@@ -377,7 +384,7 @@ class Trainer:
         while self.step < cfg.train.steps:
             peak.reset()
             m = self.train_step()
-            m["perf/peak_mem_bytes"] = w.max(peak.read())  # the largest rank's
+            m["perf/peak_mem_gib"] = w.max(peak.read()) / 2**30  # the largest rank's
             step = self.step
             last = step == cfg.train.steps
             if (cfg.eval.every and step % cfg.eval.every == 0) or last:

@@ -21,6 +21,7 @@ from harness.algo import POLICY_LOSSES, aggregate_loss, kl_penalty, masked_mean
 from harness.distributed import world
 from harness.kv import prompt_groups
 from harness.logprobs import token_logprobs
+from harness.precision import autocast
 
 
 @dataclass
@@ -216,11 +217,12 @@ def policy_pass(policy, batch: TrainBatch, cfg, micro_batch_size: int, beta=None
     sums: dict[str, float] = {}
     for idx, mb in micro_batches(batch, micro_batch_size, share):
         mask = mb.loss_mask.float()
-        logp, entropy = token_logprobs(
-            policy, mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.loss_mask,
-            temperature=cfg.rollout.temperature, chunk=cfg.train.logprob_chunk, with_entropy=True,
-            share_prefix=share,
-        )
+        with autocast(cfg.train.precision):  # bf16 matmuls; log-probs and everything after in fp32
+            logp, entropy = token_logprobs(
+                policy, mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.loss_mask,
+                temperature=cfg.rollout.temperature, chunk=cfg.train.logprob_chunk, with_entropy=True,
+                share_prefix=share,
+            )
         old = mb.old_logprobs if mb.old_logprobs is not None else logp.detach()
         if logprobs_out is not None:
             logprobs_out[idx, : logp.shape[1]] = logp.detach().to(logprobs_out.dtype)
@@ -261,15 +263,18 @@ def batched_forward(fn, prompt_ids, prompt_mask, completion_ids, completion_mask
 
 @torch.no_grad()
 def batched_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, *,
-                     temperature: float, chunk: int, micro_batch_size: int, share_prefix: bool = False) -> torch.Tensor:
+                     temperature: float, chunk: int, micro_batch_size: int, share_prefix: bool = False,
+                     precision: str = "fp32") -> torch.Tensor:
     """``[B, Tc]`` log-probabilities under ``model`` without gradients (old / reference policy).
 
     Args as :func:`harness.logprobs.token_logprobs`, run over micro-batches of
-    ``micro_batch_size`` rows.
+    ``micro_batch_size`` rows; ``precision`` as ``train.precision`` (:mod:`harness.precision`), so
+    the old/reference log-probs are computed as the training forward computes the current ones.
     """
 
     def fn(*args):
-        return token_logprobs(model, *args, temperature=temperature, chunk=chunk, share_prefix=share_prefix)[0]
+        with autocast(precision):
+            return token_logprobs(model, *args, temperature=temperature, chunk=chunk, share_prefix=share_prefix)[0]
 
     return batched_forward(fn, prompt_ids, prompt_mask, completion_ids, completion_mask, micro_batch_size,
                             share_prefix)

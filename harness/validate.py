@@ -100,6 +100,10 @@ def validate(cfg) -> None:
     _choice("loss_agg", cfg.loss_agg.name, LOSS_AGGREGATIONS.names())
     _choice("rollout.backend", cfg.rollout.backend, BACKENDS)
     _choice("model.dtype", cfg.model.dtype, ["float32", "bfloat16", "float16"])
+    _choice("train.precision", cfg.train.precision, ["fp32", "bf16-autocast", "auto"])
+    _check(cfg.train.precision == "fp32" or cfg.model.dtype == "float32",
+           f"train.precision={cfg.train.precision} with model.dtype={cfg.model.dtype}: mixed precision keeps "
+           "fp32 master weights; set model.dtype=float32 (or train.precision=fp32 to train in model.dtype)")
     _choice("train.lr_schedule", cfg.train.lr_schedule, ["constant", "linear", "cosine"])
     if requires_groups(cfg.advantage.name):
         _check(cfg.group_size >= 2, f"group_size={cfg.group_size} with advantage={cfg.advantage.name}: "

@@ -99,6 +99,7 @@ KNOBS = {
     "train.share_prefix": speed("false"),
     "train.max_bad_steps": check("check_max_bad_steps"),
     "train.threads": speed(1),
+    "train.precision": math_("bf16-autocast", "weights"),  # fp32 master weights, bf16 matmuls: the update moves
     # ---------------------------------------------------------------- eval
     "eval.every": math_(0, "eval"),
     "eval.size": math_(1, "eval"),
@@ -112,6 +113,8 @@ KNOBS = {
     "tracking.experiment": book("MLflow experiment name"),
     "tracking.run_name": book("MLflow run name"),
     "tracking.sweep": book("MLflow tag grouping a sweep"),
+    "tracking.system_metrics": book("samples CPU/memory/GPU use into system/* metrics (test_provenance.py)"),
+    "tracking.system_metrics_interval_s": book("sampling interval of the system metrics"),
     "checkpoint.dir": book("checkpoint folder (resume is tested in test_resume.py)"),
     "checkpoint.every": book("checkpoint cadence (exact resume: test_resume.py)"),
     "checkpoint.keep": book("checkpoints kept on disk"),

@@ -80,6 +80,8 @@ class ArithTask(Task):
             )
         )
         test = [self._make("test", i) for i in range(cfg.test_size)]
+        self.record_source("train", "generated:arith (seeded stream; the code is git.commit)")
+        self.record_source("test", "generated:arith")
         self.eval = self.pick_eval(test)
         self.train = ()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import random
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Sequence
 
 from harness.verifiers import Verdict, parse_number, step_rewards, verify_batch
@@ -52,6 +53,17 @@ class Task:
         self.eval: list[Problem] = []
         self.skipped_rows = 0  # malformed rows skipped while loading (logged by the trainer)
         self.unparseable_golds = 0  # numeric golds that do not parse (those problems can never score 1)
+        # split -> {"source": file path / "hub:<id>" / "generated:<task>", "sha256": file or dataset digest}
+        self.sources: dict[str, dict] = {}
+
+    def record_source(self, split: str, source, digest: str = "") -> None:
+        """Note where ``split`` came from (provenance): a path (hashed here) or a hub/generator name."""
+        if isinstance(source, Path):
+            from harness.provenance import file_sha256
+
+            self.sources[split] = {"source": str(source), "sha256": file_sha256(source)}
+        else:
+            self.sources[split] = {"source": str(source), "sha256": digest}
 
     # ----------------------------------------------------------------- data order
     def train_problem(self, index: int, seed: int) -> Problem:

@@ -42,11 +42,14 @@ class GSM8KTask(Task):
             if data_dir is not None:
                 path = data_dir / f"{split}.jsonl"
                 rows, source = load_jsonl(path), str(path)
+                self.record_source(split, path)
             else:
                 import datasets
 
-                rows = datasets.load_dataset(cfg.hub_id, cfg.hub_config, split=split).to_list()
+                ds = datasets.load_dataset(cfg.hub_id, cfg.hub_config, split=split)
+                rows = ds.to_list()
                 source = f"{cfg.hub_id}[{split}]"
+                self.record_source(split, f"hub:{cfg.hub_id}/{cfg.hub_config}[{split}]", getattr(ds, "_fingerprint", ""))
             rows, lines, skipped = require_fields(rows, ("question", "answer"), source, cfg.strict)
             self.skipped_rows += skipped
             splits[split] = [

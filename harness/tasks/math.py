@@ -47,6 +47,7 @@ class MathTask(Task):
         self.eval = self.pick_eval(self._filter(eval_rows))
 
     def _rows(self, path):
+        self.record_source("train" if path.name == "train.jsonl" else "test", path)
         rows, lines, skipped = require_fields(load_jsonl(path), FIELDS, str(path), self.cfg.strict)
         self.skipped_rows += skipped
         return [dict(r, _line=f"{path.name}:{n}") for r, n in zip(rows, lines)]
@@ -66,7 +67,10 @@ class MathTask(Task):
                     "problem": r["problem"], "answer": extract_boxed(r["solution"]) or "",
                     "subject": r.get("type"), "level": int(level) if level.isdigit() else None,
                 })
-        evals = datasets.load_dataset(cfg.hub_eval_id, split="test").to_list()
+        evals = datasets.load_dataset(cfg.hub_eval_id, split="test")
+        self.record_source("train", f"hub:{cfg.hub_train_id}[{','.join(names)}]")
+        self.record_source("test", f"hub:{cfg.hub_eval_id}[test]", getattr(evals, "_fingerprint", ""))
+        evals = evals.to_list()
         keep = lambda rows, src: require_fields(rows, FIELDS, src, cfg.strict)  # noqa: E731
         train, _, s1 = keep(train, cfg.hub_train_id)
         evals, _, s2 = keep(evals, cfg.hub_eval_id)

@@ -1,0 +1,83 @@
+"""Training precision: ``train.precision=fp32 | bf16-autocast | auto``.
+
+``bf16-autocast`` is mixed precision as TRL/verl train with it: fp32 master weights and AdamW
+state (``model.dtype=float32``), the forward's matmuls (attention, MLP, LM head) in bf16 under
+``torch.autocast``, and everything numerically delicate in fp32: the logits are cast to fp32
+before the log-softmax (:func:`harness.logprobs._chunk_logprobs`), so log-probs, entropies, KL
+terms, ratios, advantages and the loss reduction are fp32. It covers the policy's training
+forward, the old/reference log-prob forwards and the critic; rollouts run in ``model.dtype``.
+
+``auto`` measures, it does not assume: machines of this kind differ (bf16 matmuls 4.4x faster
+than fp32 on one, 100x slower on an AVX2-only one). At startup :func:`probe` times the same
+forward + backward of a SmolLM2-shaped MLP block in fp32 and under bf16 autocast and
+:func:`choose` takes bf16 only when it is at least ``MIN_SPEEDUP`` faster. The choice is written
+into the run's config (so the record and :mod:`harness.rerun` repeat it without probing again)
+and the probe's figures are logged (``precision.*`` tags).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+
+CHOICES = ("fp32", "bf16-autocast", "auto")
+MIN_SPEEDUP = 1.2
+
+LAST_PROBE: dict = {}  # the figures of the last auto choice in this process (logged by harness.run)
+
+
+def autocast(precision: str, device_type: str = "cpu"):
+    """The context a forward runs in: bf16 autocast for ``bf16-autocast``, nothing for ``fp32``.
+
+    Raises:
+        ValueError: ``auto`` (resolve it with :func:`choose` first) or an unknown value.
+    """
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    if precision == "bf16-autocast":
+        return torch.autocast(device_type=device_type, dtype=torch.bfloat16)
+    raise ValueError(f"train.precision={precision!r}: expected 'fp32' or 'bf16-autocast' here "
+                     "('auto' is resolved at startup)")
+
+
+def probe(tokens: int = 256, hidden: int = 576, inner: int = 1536, min_seconds: float = 0.25) -> dict:
+    """Forward + backward GFLOP/s of ``x -> down(silu(up(x)))`` (SmolLM2-135M's MLP shape) on
+    ``tokens`` rows, in fp32 and under bf16 autocast, each timed over at least ``min_seconds``
+    after one warm-up call. Returns ``{"fp32_gflops", "bf16_gflops", "speedup"}``."""
+    g = torch.Generator().manual_seed(0)
+    up = torch.randn(inner, hidden, generator=g, requires_grad=True)
+    down = torch.randn(hidden, inner, generator=g, requires_grad=True)
+    x = torch.randn(tokens, hidden, generator=g)
+    flops = 3 * 2 * 2 * tokens * hidden * inner  # two matmuls, forward + 2x backward
+
+    def rate(mode: str) -> float:
+        def once():
+            with autocast(mode):
+                y = torch.nn.functional.linear(torch.nn.functional.silu(torch.nn.functional.linear(x, up)), down)
+            y.float().sum().backward()
+        once()
+        n, t0 = 0, time.perf_counter()
+        while True:
+            once()
+            n += 1
+            dt = time.perf_counter() - t0
+            if dt >= min_seconds:
+                return flops * n / dt / 1e9
+
+    fp32, bf16 = rate("fp32"), rate("bf16-autocast")
+    return {"fp32_gflops": round(fp32, 2), "bf16_gflops": round(bf16, 2), "speedup": round(bf16 / fp32, 3)}
+
+
+def choose(figures: dict | None = None) -> str:
+    """``bf16-autocast`` when bf16 autocast measured at least ``MIN_SPEEDUP`` x fp32, else ``fp32``.
+
+    Args:
+        figures: a :func:`probe` result (measured now when None); kept in ``LAST_PROBE``.
+    """
+    figures = dict(figures or probe())
+    choice = "bf16-autocast" if figures["speedup"] >= MIN_SPEEDUP else "fp32"
+    LAST_PROBE.clear()
+    LAST_PROBE.update(figures, chosen=choice)
+    return choice

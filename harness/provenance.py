@@ -1,0 +1,207 @@
+"""What produced a run: package versions, machine, code state, data and weights, as flat strings.
+
+:func:`collect` returns ``{"provenance.<key>": value}``; the run logs them as MLflow params (so
+``analysis`` and ``harness.rerun`` can compare runs) and ``python -m harness.provenance`` prints
+them for the current checkout. Keys:
+
+* ``version.<package>``: python, torch, transformers, vllm, mlflow, hydra-core, optuna, datasets,
+  math-verify, numpy, omegaconf (``absent`` when not installed; vllm is never imported);
+* ``machine.*``: CPU model, logical cores, torch threads, GPU name and CUDA version (or ``none``);
+* ``git.commit``, ``git.dirty`` (``true`` when tracked files differ from HEAD or untracked files
+  exist), ``git.diff_sha256`` (sha256 of ``git diff HEAD`` plus the untracked files' names and
+  contents; empty when clean);
+* ``data.<split>.source`` / ``data.<split>.sha256``: the file (its sha256) or hub id each split
+  was read from, and ``data.<split>.problems_sha256``: a digest of the problems the run used
+  (id, question, gold), which also covers generated tasks such as ``arith``;
+* ``model.weights_sha256``: sha256 over the loaded policy's state dict (names, dtypes, shapes,
+  bytes) before training; ``model.source_sha256``: of the GGUF file the embedded model was
+  converted from (or of the safetensors files of a local folder).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+PACKAGES = ("torch", "transformers", "vllm", "mlflow", "hydra-core", "optuna", "datasets", "math-verify", "numpy",
+            "omegaconf")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
+    """sha256 hex digest of a file's bytes.
+
+    Raises:
+        FileNotFoundError: naming the path.
+    """
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def cached_file_sha256(path: str | Path) -> str:
+    """:func:`file_sha256`, remembered in ``$HARNESS_CACHE/sha256.json`` by (path, size, mtime)
+    so that a large file (the 100 MB GGUF) is hashed once per machine."""
+    from harness.models import cache_dir
+
+    p = Path(path).resolve()
+    st = p.stat()
+    key = f"{p}|{st.st_size}|{st.st_mtime_ns}"
+    db = cache_dir() / "sha256.json"
+    try:
+        known = json.loads(db.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if key not in known:
+        known[key] = file_sha256(p)
+        db.parent.mkdir(parents=True, exist_ok=True)
+        tmp = db.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(known))
+        os.replace(tmp, db)
+    return known[key]
+
+
+def state_dict_sha256(module) -> str:
+    """sha256 over a module's state dict: each tensor's name, dtype, shape and bytes, in name order."""
+    h = hashlib.sha256()
+    for name, t in sorted(module.state_dict().items()):
+        t = t.detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.view(-1).view(dtypes_as_bytes(t)).numpy().tobytes())
+    return h.hexdigest()
+
+
+def dtypes_as_bytes(t):
+    import torch
+
+    return torch.uint8 if t.element_size() == 1 else {2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+
+
+def problems_sha256(problems) -> str:
+    """Digest of a problem list: ``(id, question, gold)`` of each, in order."""
+    h = hashlib.sha256()
+    for p in problems:
+        h.update(json.dumps([p.id, p.question, p.gold]).encode())
+    return h.hexdigest()
+
+
+def versions() -> dict:
+    out = {"python": platform.python_version()}
+    for pkg in PACKAGES:
+        try:
+            out[pkg] = importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            out[pkg] = "absent"
+    return out
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine() -> dict:
+    import torch
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+    return {"cpu": cpu_model(), "cores": str(os.cpu_count()), "torch_threads": str(torch.get_num_threads()),
+            "gpu": gpu, "cuda": str(torch.version.cuda) if torch.cuda.is_available() else "none",
+            "hostname": platform.node()}
+
+
+def _git(*args) -> str | None:
+    try:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, check=True).stdout.decode("utf-8", "replace")
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def git_state() -> dict:
+    """Commit, dirty flag and a digest of the uncommitted changes of the harness checkout."""
+    commit = _git("rev-parse", "HEAD")
+    if commit is None:
+        return {"commit": "unknown", "dirty": "unknown", "diff_sha256": ""}
+    diff = _git("diff", "HEAD", "--binary") or ""
+    untracked = [f for f in (_git("ls-files", "--others", "--exclude-standard") or "").splitlines() if f]
+    h = hashlib.sha256(diff.encode())
+    for f in sorted(untracked):
+        h.update(f.encode())
+        try:
+            h.update(file_sha256(ROOT / f).encode())
+        except OSError:
+            pass
+    dirty = bool(diff) or bool(untracked)
+    return {"commit": commit.strip(), "dirty": str(dirty).lower(), "diff_sha256": h.hexdigest() if dirty else ""}
+
+
+def model_source_sha256(name_or_path: str, tiny: bool) -> str:
+    """Digest of the files the policy was loaded from: the embedded GGUF, a local folder's
+    ``*.safetensors``/``*.bin`` files, or ``random-init`` / ``hub:<id>``."""
+    from harness.models import EMBEDDED_NAME, find_embedded_gguf
+
+    if tiny:
+        return "random-init"
+    if name_or_path == EMBEDDED_NAME:
+        return cached_file_sha256(find_embedded_gguf())
+    folder = Path(name_or_path)
+    if folder.is_dir():
+        files = sorted([*folder.glob("*.safetensors"), *folder.glob("*.bin")])
+        h = hashlib.sha256()
+        for f in files:
+            h.update(f"{f.name}|{cached_file_sha256(f)}".encode())
+        return h.hexdigest()
+    return f"hub:{name_or_path}"
+
+
+def collect(cfg=None, task=None, policy=None) -> dict:
+    """``{"provenance.<key>": str}`` for this process, the run's task and its freshly loaded policy.
+
+    Args:
+        cfg: the run config (model source); task: a :class:`harness.tasks.Task` (its ``sources``
+            and problems); policy: the loaded policy, hashed before any update. Each may be None.
+    """
+    out = {f"version.{k}": v for k, v in versions().items()}
+    out.update({f"machine.{k}": v for k, v in machine().items()})
+    out.update({f"git.{k}": v for k, v in git_state().items()})
+    if task is not None:
+        for split, src in getattr(task, "sources", {}).items():
+            out[f"data.{split}.source"] = src["source"]
+            out[f"data.{split}.sha256"] = src.get("sha256", "")
+        out["data.train.problems_sha256"] = problems_sha256(task.train)
+        out["data.eval.problems_sha256"] = problems_sha256(task.eval)
+    if policy is not None:
+        out["model.weights_sha256"] = state_dict_sha256(policy)
+    if cfg is not None:
+        out["model.source_sha256"] = model_source_sha256(cfg.model.name_or_path, bool(cfg.model.tiny_config))
+    return {f"provenance.{k}": str(v) for k, v in out.items()}
+
+
+def differences(recorded: dict, current: dict, ignore=("machine.hostname", "machine.torch_threads")) -> list[str]:
+    """Human-readable lines for each ``provenance.*`` key whose value differs between two records."""
+    lines = []
+    for k in sorted(set(recorded) | set(current)):
+        if not k.startswith("provenance.") or k[len("provenance."):] in ignore:
+            continue
+        a, b = recorded.get(k, "<missing>"), current.get(k, "<missing>")
+        if a != b:
+            lines.append(f"{k[len('provenance.'):]}: recorded {a!r}, now {b!r}")
+    return lines
+
+
+if __name__ == "__main__":
+    for key, value in collect().items():
+        print(f"{key} = {value}")
+    sys.exit(0)

@@ -1,0 +1,168 @@
+"""Provenance in the MLflow record, re-running a run from it, and the record's readability."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+
+import pytest
+
+from tests.conftest import QUICK, run_job
+
+NOT_REPRODUCIBLE = ("time/", "perf/tokens_per_s", "perf/peak_mem_gib", "system/")
+
+
+def _histories(client, run_id) -> dict:
+    run = client.get_run(run_id)
+    return {k: [(m.step, m.value) for m in sorted(client.get_metric_history(run_id, k), key=lambda m: m.step)]
+            for k in run.data.metrics if not k.startswith(NOT_REPRODUCIBLE)}
+
+
+def test_run_records_provenance_standard_tags_datasets_and_a_readable_name(run_dir, dense_rewards):
+    from mlflow.tracking import MlflowClient
+
+    from harness import provenance
+
+    _, run, _ = run_job("seed=3")
+    p, tags = run.data.params, run.data.tags
+    for pkg in ("python", "torch", "transformers", "vllm", "mlflow", "hydra-core", "optuna", "datasets",
+                "math-verify"):
+        assert p[f"provenance.version.{pkg}"], pkg
+    import torch
+
+    assert p["provenance.version.torch"] == torch.__version__
+    assert p["provenance.machine.cpu"] and int(p["provenance.machine.cores"]) >= 1
+    assert p["provenance.machine.gpu"] == ("none" if not torch.cuda.is_available() else torch.cuda.get_device_name(0))
+    assert len(p["provenance.git.commit"]) == 40 and p["provenance.git.dirty"] in ("true", "false")
+    assert tags["mlflow.source.git.commit"] == p["provenance.git.commit"]
+    assert tags["mlflow.source.name"] == "harness.run" and tags["mlflow.note.content"]
+    # the data: the problems actually used, hashed; arith is generated
+    from tests.conftest import compose
+    from harness.tasks import build_task
+
+    task = build_task(compose(*QUICK, "seed=3").task)
+    assert p["provenance.data.eval.problems_sha256"] == provenance.problems_sha256(task.eval)
+    assert p["provenance.data.test.source"].startswith("generated:arith")
+    # the weights actually loaded (tiny random init, seed 3): hash of the initial state dict
+    assert p["provenance.model.source_sha256"] == "random-init"
+    assert len(p["provenance.model.weights_sha256"]) == 64
+    # named from its defining choices, a model-training experiment, the data as dataset inputs
+    assert run.info.run_name == "grpo-G4-arith-s3"
+    client = MlflowClient()
+    exp = client.get_experiment(run.info.experiment_id)
+    assert exp.tags.get("mlflow.experimentKind") == "custom_model_development"
+    inputs = {d.dataset.name: d for d in run.inputs.dataset_inputs}
+    assert set(inputs) == {"arith-train", "arith-test"}
+    assert inputs["arith-test"].dataset.digest == p["provenance.data.eval.problems_sha256"][:36]
+    assert {t.key: t.value for t in inputs["arith-test"].tags}["mlflow.data.context"] == "eval"
+    assert "perf/peak_mem_gib" in run.data.metrics and 0.01 < run.data.metrics["perf/peak_mem_gib"] < 64
+    # per-problem greedy verdicts of each eval, for intervals over problems
+    import json
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        rec = json.load(open(client.download_artifacts(run.info.run_id, "eval/correct_step_000002.json", tmp)))
+    final = [v for s, v in client.get_metric_history(run.info.run_id, "eval/accuracy") and
+             [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "eval/accuracy")] if s == 2]
+    assert len(rec["correct"]) == len(rec["problem_ids"]) == 4 and rec["step"] == 2
+    assert sum(rec["correct"]) / 4 == pytest.approx(final[0])
+
+
+def test_data_file_hash_is_the_file_sha256(tmp_path):
+    from harness.config import GSM8KTaskConfig
+    from harness.tasks.gsm8k import GSM8KTask
+
+    row = '{"question": "1+1?", "answer": "1+1=2\\n#### 2"}\n'
+    for split in ("train", "test"):
+        (tmp_path / f"{split}.jsonl").write_text(row * 3)
+    task = GSM8KTask(GSM8KTaskConfig(data_dir=str(tmp_path)))
+    assert task.sources["test"] == {"source": str(tmp_path / "test.jsonl"),
+                                    "sha256": hashlib.sha256((row * 3).encode()).hexdigest()}
+
+
+def test_weights_hash_sees_a_one_ulp_change(tokenizer):
+    import torch
+
+    from harness import provenance
+    from tests.conftest import tiny_llama
+
+    m = tiny_llama(tokenizer)
+    h0 = provenance.state_dict_sha256(m)
+    assert provenance.state_dict_sha256(tiny_llama(tokenizer)) == h0
+    with torch.no_grad():
+        w = m.model.norm.weight
+        w[0] = torch.nextafter(w[0], torch.tensor(2.0))
+    assert provenance.state_dict_sha256(m) != h0
+
+
+def test_rerun_from_the_record_repeats_the_metric_history(run_dir, dense_rewards):
+    from mlflow.tracking import MlflowClient
+
+    from harness.rerun import rerun
+
+    _, run, _ = run_job("seed=1", "train.steps=3", "advantage=rloo", "beta=0.05")
+    rerun(run.info.run_id)
+    client = MlflowClient()
+    runs = client.search_runs([run.info.experiment_id], order_by=["attributes.start_time ASC"])
+    assert len(runs) == 2
+    new = runs[1]
+    assert new.data.tags["rerun_of"] == run.info.run_id and new.info.run_name == f"{run.info.run_name}-rerun"
+    assert not [k for k in new.data.tags if k.startswith("rerun.differs.")]
+    a, b = _histories(client, run.info.run_id), _histories(client, new.info.run_id)
+    assert a == b
+    assert len({v for _, v in a["train/loss"]}) > 1 and len(a["train/loss"]) == 3  # a real, varying history
+    assert new.data.params["advantage.name"] == "rloo" and new.data.params["beta"] == "0.05"
+
+
+def test_rerun_with_an_override_and_a_changed_environment_warns(run_dir, dense_rewards, monkeypatch, caplog):
+    from mlflow.tracking import MlflowClient
+
+    from harness import provenance
+    from harness.rerun import rerun
+
+    _, run, _ = run_job("train.steps=1")
+    real = provenance.versions
+    monkeypatch.setattr(provenance, "versions", lambda: {**real(), "torch": "9.9.9"})
+    with caplog.at_level(logging.WARNING, logger="harness"):
+        rerun(run.info.run_id, ["seed=5"])
+    assert any("version.torch: recorded" in r.getMessage() and "'9.9.9'" in r.getMessage() for r in caplog.records)
+    client = MlflowClient()
+    new = [r for r in client.search_runs([run.info.experiment_id]) if r.info.run_id != run.info.run_id][0]
+    assert new.data.params["seed"] == "5" and "version.torch" in " ".join(new.data.tags)
+    assert new.data.tags["rerun.differs.version.torch"].endswith("'9.9.9'")
+    # a different seed initialises the tiny model differently: the weights digest says so too
+    assert "rerun.differs.model.weights_sha256" in new.data.tags
+
+
+def test_rerun_errors_name_the_input(run_dir):
+    from harness.rerun import main
+
+    assert main(["0123456789abcdef"]) == 2
+
+
+def test_rerun_rejects_an_unknown_override(run_dir, dense_rewards):
+    from harness.rerun import RerunError, rerun
+
+    _, run, _ = run_job("train.steps=1")
+    with pytest.raises(RerunError, match="no_such_key"):
+        rerun(run.info.run_id, ["train.no_such_key=1"])
+    with pytest.raises(RerunError, match="advantage must be one of"):
+        rerun(run.info.run_id, ["advantage=nope"])
+
+
+def test_report_lists_provenance_differences():
+    import pandas as pd
+
+    from analysis.report import provenance_differences
+
+    runs = pd.DataFrame({"params.provenance.version.torch": ["2.13.0", "2.13.0", "2.14.0"],
+                         "params.provenance.git.commit": ["abc"] * 3,
+                         "params.provenance.machine.hostname": ["a", "b", "c"]})
+    diff = provenance_differences(runs)
+    assert list(diff["key"]) == ["version.torch"]
+    assert diff["values"].iloc[0] == "2.13.0: 2; 2.14.0: 1"
+
+
+def test_system_metrics_are_sampled_when_asked(run_dir, dense_rewards):
+    _, run, _ = run_job("tracking.system_metrics=true", "tracking.system_metrics_interval_s=0.2", "train.steps=2")
+    assert any(k.startswith("system/") for k in run.data.metrics), sorted(run.data.metrics)
