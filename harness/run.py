@@ -159,10 +159,12 @@ def _record_provenance(tracker, cfg, task, policy, rerun_of=None, recorded=None)
     for split, problems, context in (("train", task.train, "train"), ("test", task.eval, "eval")):
         src = task.sources.get(split, {})
         source = src.get("source", f"generated:{cfg.task.name}")
+        digest = prov[f"provenance.data.{'train' if context == 'train' else 'eval'}.problems_sha256"]
+        if not problems:  # a generated stream (arith train): its definition is the task config
+            digest = hashlib.sha256(json.dumps(OmegaConf.to_container(cfg.task), sort_keys=True).encode()).hexdigest()
         sets.append({"name": f"{cfg.task.name}-{split}", "source": source,
                      "source_type": "local" if source.startswith("/") else source.split(":", 1)[0],
-                     "digest": prov[f"provenance.data.{'train' if context == 'train' else 'eval'}.problems_sha256"],
-                     "context": context, "rows": len(problems)})
+                     "digest": digest, "context": context, "rows": len(problems) or "stream"})
     tracker.log_datasets(sets)
     return prov
 

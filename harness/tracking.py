@@ -286,7 +286,14 @@ class Tracker:
                                        source=json.dumps({"uri": d["source"]}),
                                        profile=json.dumps({"num_rows": d["rows"]})),
                                tags=[InputTag("mlflow.data.context", d["context"])]) for d in datasets]
-        self._call(self.client.log_inputs, self.run_id, datasets=inputs)
+        for attempt in range(3):  # two jobs registering the same dataset at once: the loser retries
+            try:
+                self.client.log_inputs(self.run_id, datasets=inputs)
+                return
+            except Exception as e:
+                if attempt == 2:
+                    log.warning("MLflow dataset inputs not recorded: %s", str(e).splitlines()[0])
+                time.sleep(0.5 + attempt)
 
     def start_system_metrics(self, interval_s: float) -> None:
         """Sample CPU / memory / GPU use into ``system/*`` metrics every ``interval_s`` seconds
