@@ -1,7 +1,8 @@
 """Figures for grpo-harness runs, written as PNGs to ``<results>/plots/``.
 
 - ``eval_accuracy_vs_step.png`` / ``eval_accuracy_vs_time.png``: greedy eval accuracy vs
-  training step and vs wall-clock ``time/elapsed_s`` (mean over seeds with 95% t-CI band).
+  training step and vs wall-clock ``time/elapsed_s`` (mean over seeds; a 95% percentile-bootstrap
+  band over seeds with 3 or more, which stays inside the data's range; each seed drawn with fewer).
 - ``train_reward_vs_step.png`` / ``train_reward_vs_time.png``: same for ``train/reward_mean``.
 - ``final_accuracy_vs_group_size.png``: final eval accuracy vs group size, one line per estimator.
 - ``peak_memory.png`` / ``step_time.png``: bars per estimator (grouped by group size).
@@ -16,6 +17,7 @@ from ``--results`` (written by ``python -m analysis.collect``).
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 import matplotlib
@@ -26,7 +28,8 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from analysis import DEFAULT_BY, DEFAULT_OUT  # noqa: E402
-from analysis.compare import _norm, per_run_metrics, split_cols, summarize, t_ci, variant_label  # noqa: E402
+from analysis.compare import (_norm, paired_bootstrap_ci, per_run_metrics, split_cols, summarize,  # noqa: E402
+                              variant_label)
 
 CURVES = {  # file stem -> (metric key, y label)
     "eval_accuracy": ("eval/accuracy", "eval accuracy (greedy pass@1)"),
@@ -48,13 +51,31 @@ def _with_variant(frame: pd.DataFrame, runs: pd.DataFrame, by) -> pd.DataFrame:
     return out.dropna(subset=["variant"])
 
 
+def bootstrap_band(values, n_boot: int = 2000, conf: float = 0.95, seed: int = 0) -> tuple[float, float]:
+    """Percentile-bootstrap interval of the mean over runs, NaN with fewer than 3 runs.
+
+    Unlike a Student-t interval it stays inside the range of the data (an accuracy band never
+    leaves [0, 1]); with 1-2 runs no interval is drawn, the runs are shown individually.
+    """
+    v = np.asarray(values, dtype=float)
+    v = v[~np.isnan(v)]
+    if len(v) < 3:
+        return math.nan, math.nan
+    return paired_bootstrap_ci(v, n_boot=n_boot, conf=conf, seed=seed)
+
+
 def _aggregate(points: pd.DataFrame, x: str) -> pd.DataFrame:
-    """Mean and t-CI of ``value`` over runs at each (variant, x)."""
+    """Mean and bootstrap band (:func:`bootstrap_band`) of ``value`` over runs at each (variant, x);
+    the per-run points are kept in ``.attrs["points"]`` (columns variant, run_id, x, value)."""
     rows = []
     for (variant, xv), g in points.groupby(["variant", x], sort=True):
-        mean, lo, hi, n = t_ci(g["value"])
-        rows.append({"variant": variant, "x": xv, "mean": mean, "lo": lo, "hi": hi, "n": n})
-    return pd.DataFrame(rows, columns=["variant", "x", "mean", "lo", "hi", "n"])
+        lo, hi = bootstrap_band(g["value"])
+        rows.append({"variant": variant, "x": xv, "mean": float(g["value"].mean()), "lo": lo, "hi": hi,
+                     "n": int(g["value"].notna().sum())})
+    out = pd.DataFrame(rows, columns=["variant", "x", "mean", "lo", "hi", "n"])
+    if "run_id" in points.columns:
+        out.attrs["points"] = points.rename(columns={x: "x"})[["variant", "run_id", "x", "value"]]
+    return out
 
 
 def curve_by_step(history: pd.DataFrame, runs: pd.DataFrame, key: str, by=DEFAULT_BY) -> pd.DataFrame:
@@ -100,12 +121,19 @@ def curve_by_time(history: pd.DataFrame, runs: pd.DataFrame, key: str, by=DEFAUL
 
 def _draw_curves(curves: pd.DataFrame, xlabel: str, ylabel: str, title: str, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    points = curves.attrs.get("points")
     for variant, g in curves.groupby("variant", sort=True):
         g = g.sort_values("x")
-        line, = ax.plot(g["x"], g["mean"], marker="." if len(g) < 30 else None, label=f"{variant}")
+        few = int(g["n"].max()) < 3
+        line, = ax.plot(g["x"], g["mean"], marker="." if len(g) < 30 else None,
+                        label=f"{variant} (mean of {int(g['n'].max())}{', runs shown' if few else ''})")
         band = g["lo"].notna() & g["hi"].notna()
         if band.any():
             ax.fill_between(g["x"][band], g["lo"][band], g["hi"][band], alpha=0.2, color=line.get_color())
+        if few and points is not None:  # too few runs for an interval: show each run
+            for _, r in points[points["variant"] == variant].groupby("run_id"):
+                r = r.sort_values("x")
+                ax.plot(r["x"], r["value"], lw=0.8, ls="--", alpha=0.7, color=line.get_color())
     ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")

@@ -6,9 +6,10 @@ in. Overrides are ``key=value`` on that config (``seed=1``, ``train.steps=48``);
 (``advantage=rloo``) replaces that node with the option's defaults. The new run is tagged
 ``rerun_of=<id>``, gets its own checkpoint folder (``checkpoints/rerun-<id8>-<config hash>``,
 so the original's checkpoints are untouched and a killed rerun resumes), logs into the same
-store, and warns, naming each, about provenance that differs from the record: package
-versions, git commit or uncommitted changes, data digests, weight digests (``rerun.differs.*``
-tags). Options: ``--tracking-uri`` (default ``$MLFLOW_TRACKING_URI`` or ``sqlite:///mlflow.db``).
+store (or ``--into`` another), and warns, naming each, about provenance that differs from the
+record: package versions, git commit or uncommitted changes, data digests, weight digests
+(``rerun.differs.*`` tags). ``--tracking-uri``: the store holding the run (default
+``$MLFLOW_TRACKING_URI`` or ``sqlite:///mlflow.db``).
 
 Exit status 2 with one line for a run id the store does not hold or a bad override.
 """
@@ -36,8 +37,6 @@ def recorded_run(run_id: str, uri: str):
     Raises:
         RerunError: no such run, or it has no ``config/resolved.yaml`` artifact.
     """
-    import tempfile
-
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(uri)
@@ -45,12 +44,13 @@ def recorded_run(run_id: str, uri: str):
         run = client.get_run(run_id)
     except Exception as e:
         raise RerunError(f"run id {run_id!r}: not found in the tracking store {uri!r} ({type(e).__name__})") from e
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            path = client.download_artifacts(run_id, "config/resolved.yaml", tmp)
-        except Exception as e:
-            raise RerunError(f"run {run_id}: no config/resolved.yaml artifact to rebuild the config from") from e
-        resolved = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    from harness.tracking import artifact_path
+
+    try:
+        path = artifact_path(client, run, "config/resolved.yaml", uri)
+    except Exception as e:
+        raise RerunError(f"run {run_id}: no config/resolved.yaml artifact to rebuild the config from") from e
+    resolved = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
     return resolved, dict(run.data.params), dict(run.data.tags), run.info.run_name
 
 
@@ -94,8 +94,18 @@ def rebuild_config(resolved: dict, overrides: list[str]):
     return cfg
 
 
-def rerun(run_id: str, overrides: list[str] = (), tracking_uri: str | None = None) -> float:
+def _absolute(uri: str) -> str:
+    if uri.startswith("sqlite:///") and not Path(uri[10:]).is_absolute():
+        return "sqlite:///" + str(Path.cwd() / uri[10:])
+    return uri
+
+
+def rerun(run_id: str, overrides: list[str] = (), tracking_uri: str | None = None, into: str | None = None) -> float:
     """Train again from run ``run_id``'s record; returns the new run's final eval accuracy.
+
+    Args:
+        tracking_uri: the store holding the run (default ``$MLFLOW_TRACKING_URI`` / ``sqlite:///mlflow.db``).
+        into: the store the new run goes to (default: the same one).
 
     Raises:
         RerunError: see :func:`recorded_run` and :func:`rebuild_config`.
@@ -103,12 +113,10 @@ def rerun(run_id: str, overrides: list[str] = (), tracking_uri: str | None = Non
     from harness.run import config_key, train
     from harness.tracking import resolve_uri
 
-    uri = resolve_uri(tracking_uri)
-    if uri.startswith("sqlite:///") and not Path(uri[10:]).is_absolute():
-        uri = "sqlite:///" + str(Path.cwd() / uri[10:])
+    uri = _absolute(resolve_uri(tracking_uri))
     resolved, params, tags, name = recorded_run(run_id, uri)
     cfg = rebuild_config(resolved, list(overrides))
-    cfg.tracking.uri = uri
+    cfg.tracking.uri = _absolute(into) if into else uri
     cfg.output_dir = None
     cfg.resume = None
     if not any(o.startswith("tracking.run_name=") for o in overrides):
@@ -124,7 +132,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m harness.rerun", description=__doc__.splitlines()[0])
     ap.add_argument("run_id")
     ap.add_argument("overrides", nargs="*", help="key=value on the recorded config")
-    ap.add_argument("--tracking-uri", default=None)
+    ap.add_argument("--tracking-uri", default=None, help="the store holding the run")
+    ap.add_argument("--into", default=None, help="the store the rerun logs to (default: the same)")
     a = ap.parse_args(argv)
     from harness.run import USER_ERRORS
     from harness.models import ModelLoadError
@@ -132,7 +141,7 @@ def main(argv=None) -> int:
     from harness.tracking import TrackingError
 
     try:
-        rerun(a.run_id, a.overrides, a.tracking_uri)
+        rerun(a.run_id, a.overrides, a.tracking_uri, a.into)
     except (RerunError, *USER_ERRORS, DataError, ModelLoadError, TrackingError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2

@@ -337,6 +337,30 @@ class Tracker:
             log.warning("MLflow call %s failed: %s", getattr(fn, "__name__", fn), e)
 
 
+def artifact_path(client, run, rel: str, uri: str) -> Path:
+    """A local path of artifact ``rel`` of ``run``: its recorded folder when that exists; for a
+    sqlite store moved with its ``mlartifacts/`` folder (e.g. ``results/ablation`` in a fresh
+    clone), the same file beside the database; else downloaded from the store.
+
+    Raises:
+        mlflow exceptions / OSError when the artifact is nowhere.
+    """
+    import tempfile
+    import urllib.parse
+
+    art = urllib.parse.urlparse(run.info.artifact_uri)
+    if art.scheme in ("", "file"):
+        p = Path(urllib.parse.unquote(art.path)) / rel
+        if p.exists():
+            return p
+    if uri.startswith("sqlite:///"):
+        # the experiment's artifact root is mlartifacts/ beside the db (_artifact_location)
+        p = Path(uri[len("sqlite:///"):]).resolve().parent / "mlartifacts" / run.info.run_id / "artifacts" / rel
+        if p.exists():
+            return p
+    return Path(client.download_artifacts(run.info.run_id, rel, tempfile.mkdtemp()))
+
+
 class NullTracker:
     """The tracker of a data-parallel rank other than 0: same interface, records nothing (rank 0
     logs the run; the metrics every rank computes are already reduced over ranks)."""

@@ -173,3 +173,15 @@ def test_mixed_params_flags_configurations_pooled_as_seeds():
                          "params.beta": ["0.0", "0.0", "0.1"]})
     assert mixed_params(runs, ["estimator", "group_size"]) == []  # seed varies, beta only across groups
     assert mixed_params(runs, ["estimator"]) == ["beta"]
+
+
+def test_accuracy_band_stays_in_range_and_needs_three_runs():
+    """The issue's case: a Student-t band over 2 seeds of an accuracy ran from -0.7 to 1.4. The
+    bootstrap band is NaN below 3 runs (the runs are drawn instead) and never leaves the data's range."""
+    from analysis.plots import bootstrap_band
+
+    assert all(math.isnan(x) for x in bootstrap_band([0.0, 1.0]))
+    lo, hi = bootstrap_band([0.0, 0.02, 1.0])
+    assert 0.0 <= lo < hi <= 1.0
+    lo, hi = bootstrap_band([0.40, 0.42, 0.44, 0.46])
+    assert 0.40 <= lo < 0.43 < hi <= 0.46

@@ -166,3 +166,27 @@ def test_report_lists_provenance_differences():
 def test_system_metrics_are_sampled_when_asked(run_dir, dense_rewards):
     _, run, _ = run_job("tracking.system_metrics=true", "tracking.system_metrics_interval_s=0.2", "train.steps=2")
     assert any(k.startswith("system/") for k in run.data.metrics), sorted(run.data.metrics)
+
+
+def test_rerun_from_a_moved_store_into_another(run_dir, dense_rewards, monkeypatch):
+    """A sqlite store copied elsewhere with its mlartifacts/ folder (results/ablation in a fresh
+    clone) still reruns: the recorded config is found beside the database; --into logs elsewhere."""
+    import os
+    import shutil
+
+    from mlflow.tracking import MlflowClient
+
+    from harness.rerun import main
+
+    _, run, _ = run_job("train.steps=1")
+    src = os.environ["MLFLOW_TRACKING_URI"][len("sqlite:///"):]
+    moved = run_dir / "moved"
+    moved.mkdir()
+    shutil.copy(src, moved / "mlflow.db")
+    shutil.copytree(run_dir / "mlartifacts", moved / "mlartifacts")
+    shutil.rmtree(run_dir / "mlartifacts")  # the recorded artifact folder is gone
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    assert main([run.info.run_id, "--tracking-uri", f"sqlite:///{moved / 'mlflow.db'}",
+                 "--into", f"sqlite:///{run_dir / 'new.db'}"]) == 0
+    new = MlflowClient(f"sqlite:///{run_dir / 'new.db'}").search_runs(["1"])
+    assert len(new) == 1 and new[0].data.tags["rerun_of"] == run.info.run_id
