@@ -188,7 +188,11 @@ def _rank_pid(mark: str, rank: int) -> int | None:
             env = set((proc / "environ").read_bytes().split(b"\0"))
         except OSError:
             continue
-        if f"HARNESS_TEST_MARK={mark}".encode() in env and f"RANK={rank}".encode() in env:
+        try:  # the worker itself, not a process it started (verifier workers inherit its environment)
+            is_worker = b"harness.run" in (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if is_worker and f"HARNESS_TEST_MARK={mark}".encode() in env and f"RANK={rank}".encode() in env:
             return int(proc.name)
     return None
 
