@@ -17,12 +17,15 @@ For each estimator (runs grouped by the ``estimator`` tag, seeds by the ``seed``
   (secondary: 3 seeds give it 2 degrees of freedom);
 * **cost**: mean step time (steps after the first) and peak memory per estimator;
 * **power**: from the measured spread of the per-seed paired differences (which includes the
-  eval-problem noise of a fixed eval set), the number of seeds a two-sided 5% test needs for 80%
-  power against a 5-point difference: ``n = ((z_0.975 + z_0.8) * sd / 0.05)^2``;
+  eval-problem noise of a fixed eval set), the difference a paired t-test over the seeds run
+  detects with 80% power at the 5% level, and the seeds a 5-point difference needs
+  (``(t_0.975,n-1 + t_0.8,n-1) * sd / sqrt(n) <= 0.05``);
 * plots ``results/plots/ablation_accuracy_vs_step.png`` and ``..._vs_time.png`` (mean, bootstrap
   band, every seed drawn thin).
 
-Only FINISHED runs are used; the sweep's provenance (commit, dirty tree, versions) is listed, and
+Beside a sqlite store, ``command.txt`` (the command that produced the runs) and ``notes.md``
+(paragraphs, e.g. about how the runs were scheduled) are quoted in the report. Only FINISHED
+runs are used; the sweep's provenance (commit, dirty tree, versions) is listed, and
 runs that differ in it are flagged. ``results/precision_cpu.json`` (``benchmarks.precision_step``),
 when present, adds the measured bf16-autocast vs fp32 section.
 """
@@ -36,9 +39,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-
-Z975, Z80 = 1.959964, 0.841621
-
 
 @dataclass
 class RunRecord:
@@ -169,12 +169,32 @@ def analyse(records: list[RunRecord], baseline: str = "grpo", n_boot: int = 2000
                            "lo": lo, "hi": hi, "p_boot": p_boot, "p_t": t_p, "sd_seed": sd})
     sds = [p["sd_seed"] for p in paired if p["metric"] == "final" and not math.isnan(p["sd_seed"])]
     sd_pooled = float(np.sqrt(np.mean(np.square(sds)))) if sds else math.nan
-    power = {"sd_pooled": sd_pooled, "delta": 0.05,
-             "seeds_needed": math.ceil(((Z975 + Z80) * sd_pooled / 0.05) ** 2) if sds else None,
+    n_seeds = min((p["pairs"] for p in paired), default=0)
+    power = {"sd_pooled": sd_pooled, "delta": 0.05, "seeds": n_seeds,
+             "seeds_needed": seeds_needed(sd_pooled, 0.05) if sds else None,
+             "mde": min_detectable(sd_pooled, n_seeds) if sds and n_seeds >= 2 else math.nan,
              "problems": n_problems.pop(),
              "se_one_run": float(np.sqrt(np.mean([r.correct[-1].mean() * (1 - r.correct[-1].mean())
                                                   for r in records]) / records[0].correct.shape[1]))}
     return {"summary": summary, "paired": paired, "power": power, "baseline": baseline}
+
+
+def seeds_needed(sd: float, delta: float, alpha: float = 0.05, power: float = 0.8) -> int:
+    """Smallest number of paired seeds n >= 2 with ``(t_{1-alpha/2, n-1} + t_{power, n-1}) * sd / sqrt(n) <= delta``
+    (the paired t-test's power approximation with t quantiles, not z: few seeds cost more)."""
+    from scipy import stats
+
+    for n in range(2, 10_000):
+        if (stats.t.ppf(1 - alpha / 2, n - 1) + stats.t.ppf(power, n - 1)) * sd / math.sqrt(n) <= delta:
+            return n
+    return 10_000
+
+
+def min_detectable(sd: float, n: int, alpha: float = 0.05, power: float = 0.8) -> float:
+    """The difference a paired t-test over ``n`` seeds detects with ``power`` at level ``alpha``."""
+    from scipy import stats
+
+    return float((stats.t.ppf(1 - alpha / 2, n - 1) + stats.t.ppf(power, n - 1)) * sd / math.sqrt(n))
 
 
 def _paired_t_p(d) -> float:
@@ -214,7 +234,8 @@ def plot(records: list[RunRecord], out_dir: Path, n_boot: int = 2000) -> list[Pa
                 ax.plot(rx, r.correct.mean(axis=1), lw=0.7, ls="--", alpha=0.6, color=line.get_color())
         ax.set(xlabel="training step" if xkind == "step" else "wall clock (min, mean over seeds)",
                ylabel="greedy eval accuracy",
-               title="Estimator ablation: mean, 95% bootstrap band (seeds x problems), seeds dashed")
+               title="mean over seeds, 95% bootstrap band (seeds x problems), seeds dashed")
+        ax.title.set_fontsize("medium")
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
         path = out_dir / f"ablation_accuracy_vs_{xkind}.png"
@@ -288,6 +309,8 @@ def write_report(result: dict, records: list[RunRecord], out: Path, meta: dict) 
     prec = meta.get("precision")
     if prec:
         L += ["## bf16 autocast vs fp32 on this machine", ""] + prec + [""]
+    for note in meta.get("notes") or []:
+        L += [note, ""]
     L += ["## Provenance of the runs", ""] + _provenance_lines(records) + [""]
     path = out / "ABLATION.md"
     path.write_text("\n".join(L))
@@ -318,10 +341,12 @@ def conclusion(result: dict) -> list[str]:
                  f"{', '.join(r['estimator'] for r in gains) or 'no estimator'}.")
     if pw["seeds_needed"] is not None:
         lines.append(f"- Power: the per-seed paired differences of final accuracy spread by {100 * pw['sd_pooled']:.1f} "
-                     f"points (pooled sd; it includes eval-problem noise of the fixed {pw['problems']}-problem set). "
-                     f"A two-sided 5% test with 80% power against a 5-point difference needs about "
-                     f"**{pw['seeds_needed']} seeds** per estimator at this budget; longer runs (larger differences) "
-                     "or a larger eval set (less noise per seed) need fewer.")
+                     f"points (pooled sd over the estimators compared; it includes the eval-problem noise of the "
+                     f"fixed {pw['problems']}-problem set that pairing does not cancel). With {pw['seeds']} seeds a "
+                     f"two-sided 5% paired t-test has 80% power only for differences of about "
+                     f"**{100 * pw['mde']:.1f} points**; a 5-point difference needs **{pw['seeds_needed']} seeds** "
+                     "per estimator (t quantiles). This spread was measured between estimators whose "
+                     "differences here are small; a variant that changes the training more may spread more.")
     return lines
 
 
@@ -349,7 +374,7 @@ def main(argv=None) -> int:
     ap.add_argument("--baseline", default="grpo")
     ap.add_argument("--out", default="results")
     ap.add_argument("--boot", type=int, default=2000)
-    ap.add_argument("--command", default=None, help="the command that produced the runs (quoted in the report)")
+
     a = ap.parse_args(argv)
     uri = a.tracking_uri
     if uri.startswith("sqlite:///") and not Path(uri[10:]).is_absolute():
@@ -365,8 +390,12 @@ def main(argv=None) -> int:
     out = Path(a.out)
     plot(records, out / "plots", a.boot)
     regen = f"python -m analysis.ablation --tracking-uri {uri} --sweep {a.sweep} --out {a.out}"
-    meta = {"sweep": a.sweep, "uri": uri, "regen": regen, "command": a.command,
-            "precision": precision_lines(out / "precision_cpu.json")}
+    # beside a sqlite store: command.txt (what produced the runs) and notes.md (paragraphs for the report)
+    side = Path(uri[len("sqlite:///"):]).parent if uri.startswith("sqlite:///") else None
+    command = (side / "command.txt").read_text().strip() if side and (side / "command.txt").exists() else None
+    notes = (side / "notes.md").read_text().strip().split("\n\n") if side and (side / "notes.md").exists() else []
+    meta = {"sweep": a.sweep, "uri": uri, "regen": regen, "command": command,
+            "precision": precision_lines(out / "precision_cpu.json"), "notes": notes}
     path = write_report(result, records, out, meta)
     (out / "ablation.json").write_text(json.dumps(result, indent=1))
     print(f"wrote {path} ({len(records)} runs)")

@@ -59,7 +59,12 @@ def test_no_difference_reads_not_distinguishable_and_power_uses_the_seed_spread(
     assert "Not distinguishable at this budget" in text
     sd = np.std([-0.02, 0.0, 0.02], ddof=1)
     assert res["power"]["sd_pooled"] == pytest.approx(sd)
-    assert res["power"]["seeds_needed"] == math.ceil(((1.959964 + 0.841621) * sd / 0.05) ** 2)
+    from scipy import stats
+
+    n = res["power"]["seeds_needed"]
+    crit = lambda k: (stats.t.ppf(0.975, k - 1) + stats.t.ppf(0.8, k - 1)) * sd / math.sqrt(k)  # noqa: E731
+    assert n >= 2 and crit(n) <= 0.05 and (n == 2 or crit(n - 1) > 0.05)
+    assert res["power"]["mde"] == pytest.approx(crit(3))
 
 
 def test_report_from_real_runs(run_dir, dense_rewards, tmp_path):
