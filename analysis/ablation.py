@@ -361,7 +361,9 @@ def precision_lines(path: Path) -> list[str] | None:
              f"`train.precision=auto` picks **{d['auto_choice']}** here;",
              f"- a full `preset=arith_cpu` training step (mean of steps after the first): fp32 "
              f"{d['fp32_step_s']:.1f} s, bf16-autocast {d['bf16_step_s']:.1f} s "
-             f"({d['fp32_step_s'] / d['bf16_step_s']:.2f}x speed-up)."]
+             f"(speed-up {d['fp32_step_s'] / d['bf16_step_s']:.2f}x: "
+             + ("bf16 is faster)." if d['fp32_step_s'] > d['bf16_step_s'] else
+                f"bf16 takes {d['bf16_step_s'] / d['fp32_step_s']:.1f}x as long).")]
     lines.append(d.get("verdict", ""))
     return lines
 
