@@ -119,12 +119,9 @@ def prepare(cfg) -> None:
 
 
 def default_run_name(cfg) -> str:
-    """``<estimator>-G<group_size>-<task>-s<seed>`` (e.g. ``grpo-G8-arith-s0``), the policy loss and
-    loss aggregation appended when they are not the defaults; ``tracking.run_name`` overrides it."""
-    name = f"{cfg.advantage.name}-G{cfg.group_size}-{cfg.task.name}-s{cfg.seed}"
-    if cfg.policy_loss.name != "ppo_clip":
-        name += f"-{cfg.policy_loss.name}"
-    return name
+    """``<estimator>-G<group_size>-<task>-s<seed>`` (e.g. ``grpo-G8-arith-s0``); ``tracking.run_name``
+    overrides it (the other choices are in the run's params and tags)."""
+    return f"{cfg.advantage.name}-G{cfg.group_size}-{cfg.task.name}-s{cfg.seed}"
 
 
 def command_line() -> str:
