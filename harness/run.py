@@ -144,7 +144,7 @@ def _record_provenance(tracker, cfg, task, policy, rerun_of=None, recorded=None)
     tracker.log_params(prov)
     tags = {"mlflow.source.git.commit": prov["provenance.git.commit"], "mlflow.source.name": "harness.run",
             "mlflow.source.type": "LOCAL", "mlflow.note.content": command_line(), "mlflow.user": getpass.getuser(),
-            "git_dirty": prov["provenance.git.dirty"]}
+            "git_commit": prov["provenance.git.commit"], "git_dirty": prov["provenance.git.dirty"]}
     if rerun_of:
         tags["rerun_of"] = rerun_of
         for line in provenance.differences(recorded or {}, prov):
@@ -182,7 +182,7 @@ def train(cfg, on_eval=None, on_step=None, rerun_of: str | None = None, recorded
     from harness import checkpoint as ckpt
     from harness import precision
     from harness.distributed import world
-    from harness.tracking import NullTracker, Tracker, flatten, git_commit, resolve_uri
+    from harness.tracking import NullTracker, Tracker, flatten, resolve_uri
     from harness.trainer import Trainer
 
     prepare(cfg)
@@ -229,7 +229,7 @@ def train(cfg, on_eval=None, on_step=None, rerun_of: str | None = None, recorded
         tracker.set_tags({
             "estimator": cfg.advantage.name, "group_size": cfg.group_size, "task": cfg.task.name,
             "model": cfg.model.name_or_path if not cfg.model.tiny_config else "tiny-random",
-            "git_commit": git_commit(), "seed": cfg.seed, "config_key": key,
+            "seed": cfg.seed, "config_key": key,
             "output_dir": str(output_dir), "world_size": w.world_size,
             **({f"precision.auto.{k}": v for k, v in precision.LAST_PROBE.items()} if precision.LAST_PROBE else {}),
             **({"sweep": cfg.tracking.sweep} if cfg.tracking.sweep else {}),

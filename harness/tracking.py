@@ -9,7 +9,6 @@ import logging
 import math
 import os
 import socket
-import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -26,16 +25,6 @@ class TrackingError(RuntimeError):
 def resolve_uri(configured: str | None) -> str:
     """``tracking.uri`` if set, else ``$MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db`` (cwd)."""
     return configured or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
-
-
-def git_commit() -> str:
-    """The current git commit of the harness checkout, or ``unknown``."""
-    try:
-        return subprocess.check_output(
-            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, stderr=subprocess.DEVNULL, text=True
-        ).strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def flatten(d: dict, prefix: str = "") -> dict:
