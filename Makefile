@@ -12,9 +12,14 @@ export HARNESS_GSM8K_DIR ?= $(DATA)/gsm8k
 export HARNESS_MATH_DIR  ?= $(DATA)/math
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install run test test-fast bench clean
+.PHONY: install install-cluster run test test-fast bench clean
 
 install: $(STAMP)
+
+# Optional: launchers (submitit, Ray), the PostgreSQL driver and MLflow's auth app (README, "Cluster").
+# The cluster tests also need PostgreSQL's server binaries (Debian: apt-get install postgresql).
+install-cluster: $(STAMP)
+	$(BIN)/pip install -q -e ".[dev,cluster]"
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)

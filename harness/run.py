@@ -18,11 +18,13 @@ import hydra
 import torch
 from omegaconf import OmegaConf
 
+from harness import credentials
 from harness.config import register_configs
 from harness.validate import ConfigError, validate
 
 log = logging.getLogger("harness")
 register_configs()
+credentials.install()  # before Hydra's launcher logs the overrides of each job
 
 USER_ERRORS = (ConfigError, FileNotFoundError)
 
@@ -210,6 +212,7 @@ def train(cfg, on_eval=None, on_step=None, rerun_of: str | None = None, recorded
     tracker = NullTracker()
     if w.is_main:
         uri = resolve_uri(cfg.tracking.uri)
+        credentials.warn_inline("tracking.uri", uri)
         if uri.startswith("sqlite:///") and not Path(uri[10:]).is_absolute():
             uri = "sqlite:///" + str(launch_dir / uri[10:])
         tracker = Tracker(uri, cfg.tracking.experiment)
@@ -276,7 +279,7 @@ def summarize(history: dict, tracker, output_dir: Path, ckpt_dir: Path) -> float
                      f"second half mean {sum(rewards[half:]) / max(1, len(rewards) - half):.3f}")
     lines += [f"MLflow run    : {tracker.run_id} ({tracker.uri})", f"outputs       : {output_dir}",
               f"checkpoints   : {ckpt_dir}"]
-    print("\n".join(lines), flush=True)
+    print(credentials.redact("\n".join(lines)), flush=True)
     return float(last.get("eval/accuracy", float("nan")))
 
 
@@ -288,13 +291,31 @@ def main(cfg) -> float:
 
     from harness import distributed
 
+    scrub_hydra_records()
     try:
         return train(cfg)
     except (*USER_ERRORS, DataError, ModelLoadError, TrackingError) as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
+        print(f"error: {credentials.redact(str(e))}", file=sys.stderr, flush=True)
         sys.exit(2)
     finally:
         distributed.shutdown()
+
+
+def scrub_hydra_records() -> None:
+    """Mask credentials in the files Hydra wrote for this job (``.hydra/{config,hydra,overrides}.yaml``
+    in the job's folder, ``multirun.yaml`` in the sweep folder): they hold the command line's
+    overrides in clear (see :mod:`harness.credentials`)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return
+    hc = HydraConfig.get()
+    out = Path(hc.runtime.output_dir)
+    files = list((out / (hc.output_subdir or ".hydra")).glob("*.yaml")) if hc.output_subdir else []
+    if hc.mode is not None and hc.mode.name == "MULTIRUN":
+        files.append(Path(hc.sweep.dir) / "multirun.yaml")
+    for f in files:
+        credentials.scrub_file(f)
 
 
 if __name__ == "__main__":

@@ -36,9 +36,22 @@ Resume and crashed workers:
 * Each trial checkpoints into ``<checkpoint.dir or ./checkpoints>/sweeps/<study>/trial<N>-<config
   key>``; a retry uses the original trial's number there, so on the same machine it resumes
   the dead trial's checkpoint and MLflow run. The MLflow run name keeps the original number.
-* The sampler is seeded with ``seed + number of trials already in the study``, so a resumed
-  sweep does not repeat the parameters of its first invocation. Workers started together on one
-  study should get different ``--seed`` values.
+* The sampler is seeded with ``seed * 100003 + number of trials already in the study``, so a
+  resumed sweep does not repeat the parameters of its first invocation. Workers started together
+  on one study should get different ``--seed`` values (``--workers N`` gives worker i seed+i).
+* Concurrent workers on one study (``--workers N --launcher ...``, or the command started on N
+  machines against one PostgreSQL storage) finish exactly ``n_trials`` trials: a worker starts a
+  trial only while finished + running trials are fewer, and otherwise waits for the running
+  ones (a dead worker's trial is retried by a live one once its heartbeat is stale).
+
+Workers started by an engine (``pip install -e ".[cluster]"``)::
+
+    python -m harness.sweep FILE --storage postgresql://user@host/db --workers 8 --launcher submitit_slurm \
+        --launcher-param slurm_partition=gpu --launcher-param gpus_per_node=1
+    python -m harness.sweep FILE --storage postgresql://user@host/db --workers 8 --launcher ray --ray-address auto
+
+Passwords: in ``PGPASSWORD`` / ``~/.pgpass``, not in ``--storage``; a URL's password is masked
+in everything printed, logged or stored (:mod:`harness.credentials`).
 
 Exit status: 0 done; 1 no trial completed and some failed in this invocation; 2 a bad sweep
 file or config (one line naming the file and key); 130 interrupted.
@@ -52,9 +65,12 @@ import math
 import re
 import signal
 import sys
+import time
 import warnings
 from pathlib import Path
 
+from harness.credentials import install as _redact_logs
+from harness.credentials import redact, redact_obj, warn_inline
 from harness.sweep_spec import CONF_DIR, Sweep, SweepError, TrialFailed, load_sweep
 
 log = logging.getLogger("harness.sweep")
@@ -157,6 +173,9 @@ def make_storage(url: str, heartbeat: dict):
         )
 
 
+SEED_STRIDE = 100_003  # sampler seed = seed * SEED_STRIDE + trials already in the study
+
+
 def build_sampler(spec: dict, params: list, seed_offset: int, seed: int | None = None):
     import optuna
 
@@ -164,7 +183,9 @@ def build_sampler(spec: dict, params: list, seed_offset: int, seed: int | None =
     if seed is not None:
         kw["seed"] = seed
     if kw.get("seed") is not None:
-        kw["seed"] = int(kw["seed"]) + seed_offset
+        # seed and offset combined so that workers with seeds s != s' never share a sampler seed
+        # (s + offset would: worker 1 after 2 trials = worker 2 after 1 trial)
+        kw["seed"] = int(kw["seed"]) * SEED_STRIDE + seed_offset
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         if spec["type"] == "random":
@@ -180,6 +201,29 @@ def build_pruner(spec: dict):
     if spec["type"] == "none":
         return optuna.pruners.NopPruner()
     return optuna.pruners.MedianPruner(**{k: v for k, v in spec.items() if k != "type"})
+
+
+def open_study(sweep: Sweep, attempts: int = 4):
+    """Create or load the sweep's study. Workers that start together on a new database race to
+    create Optuna's tables and the study (a unique-key violation for the losers): each failure
+    is retried after a short, growing pause.
+
+    Raises:
+        Exception: the storage's own error once ``attempts`` tries failed.
+    """
+    import random
+
+    import optuna
+
+    for attempt in range(attempts):
+        try:
+            return optuna.create_study(storage=make_storage(sweep.storage, sweep.heartbeat),
+                                       study_name=sweep.study_name, direction=sweep.direction, load_if_exists=True)
+        except Exception as e:
+            if attempt == attempts - 1:
+                raise
+            log.info("opening the study failed (%s: %s); retrying", type(e).__name__, str(e).splitlines()[0][:200])
+            time.sleep(0.5 * (attempt + 1) + random.random())
 
 
 def _retry(study, trial_number: int) -> None:
@@ -253,7 +297,7 @@ class Objective:
         cfg = compose(overrides)
         base_dir = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else Path.cwd() / "checkpoints"
         cfg.checkpoint.dir = str(base_dir / "sweeps" / sweep.study_name / f"trial{orig}-{config_key(cfg)}")
-        trial.set_user_attr("overrides", overrides)
+        trial.set_user_attr("overrides", redact_obj(overrides))
         trial.set_user_attr("checkpoint_dir", cfg.checkpoint.dir)
         log.info("trial %d%s: %s", trial.number, f" (retry of {orig})" if orig != trial.number else "",
                  " ".join(sampled))
@@ -288,6 +332,31 @@ class Objective:
         return last["value"]
 
 
+def next_action(study, n_trials: int) -> str:
+    """What a worker does next on a shared study: ``"done"`` once ``n_trials`` trials are
+    COMPLETE or PRUNED; ``"run"`` a trial when one is WAITING (a retry) or when the finished and
+    RUNNING trials together are fewer than ``n_trials``; else ``"wait"`` (the remaining trials
+    are running on other workers; if one of them dies, its heartbeat goes stale and
+    :func:`optuna.storages.fail_stale_trials`, called here first, queues its retry).
+
+    So concurrent workers neither stop while a trial may still need a retry nor start trials the
+    study does not need; two workers that check in the same instant can still both start the
+    last trial (Optuna has no atomic reservation), which adds one trial, never loses one.
+    """
+    import optuna
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
+    c = _counts(study)
+    finished = c["complete"] + c["pruned"]
+    if finished >= n_trials:
+        return "done"
+    if c["waiting"] or finished + c["running"] < n_trials:
+        return "run"
+    return "wait"
+
+
 def _counts(study) -> dict:
     from optuna.trial import TrialState
 
@@ -317,27 +386,113 @@ def summary(study, sweep: Sweep, storage_url: str) -> str:
                   f"best run      : {best.user_attrs.get('mlflow_run_id', 'unknown')}"]
     else:
         lines.append("best value    : none (no complete trial yet)")
-    lines.append(f"optuna-dashboard {storage_url}")
+    lines.append(f"optuna-dashboard {redact(storage_url)}")
     return "\n".join(lines)
 
 
 # ------------------------------------------------------------------------------ main
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse echoes the bad arguments: mask any password in them
+        super().error(redact(message))
+
+
 def parse_args(argv):
-    ap = argparse.ArgumentParser(prog="python -m harness.sweep", description=__doc__.split("\n\n")[0])
+    ap = _Parser(prog="python -m harness.sweep", description=__doc__.split("\n\n")[0])
     ap.add_argument("sweep_file", help="sweep yaml (sweeps/<name>.yaml)")
     ap.add_argument("overrides", nargs="*", help="Hydra key=value overrides applied to every trial")
     ap.add_argument("--n-trials", type=int, help="total finished (complete + pruned) trials wanted")
     ap.add_argument("--storage", help="Optuna storage URL (overrides the sweep file)")
     ap.add_argument("--study-name", help="study name (overrides the sweep file)")
     ap.add_argument("--seed", type=int, help="sampler seed (give concurrent workers different seeds)")
-    return ap.parse_args(argv)
+    ap.add_argument("--workers", type=int, default=1,
+                    help="start N workers on the study through --launcher (worker i gets sampler seed seed+i)")
+    ap.add_argument("--launcher", choices=LAUNCHERS, default=None,
+                    help="where the workers run: submitit_local (subprocesses here), submitit_slurm (one SLURM "
+                         "job each), ray (Ray tasks; --ray-address, default a local instance on loopback)")
+    ap.add_argument("--launcher-param", action="append", default=[], metavar="KEY=VALUE",
+                    help="submitit's executor.update_parameters (timeout_min=240, slurm_partition=gpu, "
+                         "gpus_per_node=1, ...) or ray.remote options (num_cpus=1, num_gpus=1); repeatable")
+    ap.add_argument("--ray-address", default=None, help="an existing Ray cluster (auto, ray://host:10001)")
+    return ap.parse_intermixed_args(argv)  # overrides may come before or after the options
+
+
+LAUNCHERS = ("submitit_local", "submitit_slurm", "ray")
+
+
+def _worker(argv: list[str]) -> int:
+    """One sweep worker (what each submitit job / Ray task runs)."""
+    return main(argv)
+
+
+def _param_value(v: str):
+    import yaml
+
+    return yaml.safe_load(v)
+
+
+def launch_workers(args, argv: list[str], storage: str, seed: int) -> int:
+    """Start ``args.workers`` workers of one study through submitit or Ray and wait for them.
+
+    Each worker is ``python -m harness.sweep <same arguments> --seed <seed + i>`` (a relative
+    sqlite storage made absolute): the engines do the scheduling, the study in ``storage``
+    (which every worker must reach: a PostgreSQL server across machines) shares the trials.
+    Returns the highest exit status of the workers. The arguments are stored in submitit's job
+    files, so a password belongs in ``PGPASSWORD`` / ``~/.pgpass``, not in ``--storage``.
+
+    Raises:
+        SweepError: a bad ``--launcher-param`` or a launcher whose package is missing.
+    """
+    params = {}
+    for kv in args.launcher_param:
+        if "=" not in kv:
+            raise SweepError(f"--launcher-param {kv!r}: expected KEY=VALUE")
+        k, v = kv.split("=", 1)
+        params[k] = _param_value(v)
+    extra = ["--storage", storage] if storage.startswith("sqlite:") else []  # relative path made absolute
+    argvs = [[*argv, *extra, "--seed", str(seed + i)] for i in range(args.workers)]
+    if args.launcher == "ray":
+        try:
+            import ray
+        except ImportError:
+            raise SweepError("--launcher ray: Ray is not installed (pip install -e \".[cluster]\")") from None
+        if args.ray_address:
+            ray.init(address=args.ray_address)
+        else:  # a local instance for this sweep, loopback only
+            ray.init(include_dashboard=False, _node_ip_address="127.0.0.1")
+        try:
+            task = ray.remote(**({"num_cpus": 1} | params))(_worker)
+            statuses = ray.get([task.remote(a) for a in argvs])
+        finally:
+            ray.shutdown()
+    else:
+        try:
+            import submitit
+        except ImportError:
+            raise SweepError(f"--launcher {args.launcher}: submitit is not installed "
+                             "(pip install -e \".[cluster]\")") from None
+        folder = Path.cwd() / ".submitit" / "sweeps" / "%j"
+        executor = submitit.AutoExecutor(folder=folder, cluster=args.launcher.split("_", 1)[1])
+        executor.update_parameters(**({"timeout_min": 24 * 60} | params))
+        jobs = executor.map_array(_worker, argvs)
+        log.info("submitted %d sweep workers: %s (logs in %s)", len(jobs), " ".join(j.job_id for j in jobs),
+                 folder.parent)
+        statuses = []
+        for j in jobs:
+            try:
+                statuses.append(int(j.result()))
+            except Exception as e:  # a worker that died: its trial is retried by the others / next run
+                log.error("sweep worker %s failed: %s", j.job_id, redact(str(e).splitlines()[-1] if str(e) else e))
+                statuses.append(1)
+    log.info("sweep workers finished with exit statuses %s", statuses)
+    return max(statuses)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run (or continue) a sweep; returns the exit status."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    _redact_logs()
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="[%(asctime)s %(name)s] %(message)s")
     bad = [o for o in args.overrides if "=" not in o]
@@ -356,37 +511,67 @@ def main(argv: list[str] | None = None) -> int:
         if clash:
             raise SweepError(f"{args.sweep_file}: params.{clash[0]}: also set on the command line; "
                              "remove one of the two")
+        warn_inline("storage", sweep.storage)
+        if args.workers > 1 and args.launcher is None:
+            raise SweepError(f"--workers {args.workers}: needs --launcher ({' | '.join(LAUNCHERS)}); or start "
+                             "the command N times yourself")
         preflight(sweep, base)
+        if args.launcher:
+            try:  # tables and study exist before the workers race to open them
+                open_study(sweep)
+            except Exception as e:
+                raise SweepError(f"{sweep.path}: storage: cannot open {sweep.storage!r} "
+                                 f"({type(e).__name__}: {' '.join(str(e).split())[:300]})") from None
+            raw = list(sys.argv[1:] if argv is None else argv)
+            status = launch_workers(args, _strip_launcher_args(raw), dashboard_url(sweep.storage),
+                                    args.seed if args.seed is not None else int(sweep.sampler.get("seed") or 0))
+            study = open_study(sweep)
+            print(summary(study, sweep, dashboard_url(sweep.storage)), flush=True)
+            return status
     except SweepError as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
+        print(redact(f"error: {e}"), file=sys.stderr, flush=True)
         return 2
     return run_sweep(sweep, base, seed=args.seed)
 
 
+def _strip_launcher_args(argv: list[str]) -> list[str]:
+    """``argv`` without the options that start workers (and ``--seed``, set per worker)."""
+    out, skip = [], False
+    takes_value = ("--workers", "--launcher", "--launcher-param", "--ray-address", "--seed")
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a in takes_value:
+            skip = True
+            continue
+        if a.split("=", 1)[0] in takes_value:
+            continue
+        out.append(a)
+    return out
+
+
 def run_sweep(sweep: Sweep, base: list[str], seed: int | None = None) -> int:
     import optuna
-    from optuna.study import MaxTrialsCallback
     from optuna.trial import TrialState
 
     try:
-        storage = make_storage(sweep.storage, sweep.heartbeat)
-        study = optuna.create_study(storage=storage, study_name=sweep.study_name, direction=sweep.direction,
-                                    load_if_exists=True)
+        study = open_study(sweep)
     except Exception as e:
-        print(f"error: {sweep.path}: storage: cannot open {sweep.storage!r} "
-              f"({type(e).__name__}: {' '.join(str(e).split())[:300]})", file=sys.stderr, flush=True)
+        print(redact(f"error: {sweep.path}: storage: cannot open {sweep.storage!r} "
+                     f"({type(e).__name__}: {' '.join(str(e).split())[:300]})"), file=sys.stderr, flush=True)
         return 2
     with warnings.catch_warnings():  # trials of dead workers -> FAIL (+ a queued retry)
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         optuna.storages.fail_stale_trials(study)
     study.set_user_attr("metric", sweep.metric)
-    study.set_user_attr("overrides", base)
+    study.set_user_attr("overrides", redact_obj(base))
     study.sampler = build_sampler(sweep.sampler, sweep.params, len(study.get_trials(deepcopy=False)), seed)
     study.pruner = build_pruner(sweep.pruner)
     finished = (TrialState.COMPLETE, TrialState.PRUNED)
     c = _counts(study)
     todo = sweep.n_trials - c["complete"] - c["pruned"]
-    print(f"study {sweep.study_name} in {sweep.storage}: {c['complete']} complete, {c['pruned']} pruned, "
+    print(f"study {sweep.study_name} in {redact(sweep.storage)}: {c['complete']} complete, {c['pruned']} pruned, "
           f"{c['fail']} failed; running {max(todo, 0)} of {sweep.n_trials} trials", flush=True)
     objective = Objective(sweep, base)
     before = {t.number for t in study.get_trials(deepcopy=False)}
@@ -401,9 +586,16 @@ def run_sweep(sweep: Sweep, base: list[str], seed: int | None = None) -> int:
     except ValueError:  # not the main thread
         old_term = None
     try:
-        if todo > 0:
-            study.optimize(objective, n_trials=todo, catch=(TrialFailed,), gc_after_trial=True,
-                           callbacks=[MaxTrialsCallback(sweep.n_trials, states=finished)])
+        started = 0
+        while started < todo:
+            action = next_action(study, sweep.n_trials)
+            if action == "done":
+                break
+            if action == "wait":  # the last trials run on other workers: wait for them or their heartbeat to stop
+                time.sleep(min(5.0, float(sweep.heartbeat.get("interval", 60))))
+                continue
+            started += 1
+            study.optimize(objective, n_trials=1, catch=(TrialFailed,), gc_after_trial=True)
     except KeyboardInterrupt:
         current = objective.current
         if current is not None and study.trials[current].state == TrialState.FAIL:
@@ -412,7 +604,7 @@ def run_sweep(sweep: Sweep, base: list[str], seed: int | None = None) -> int:
                   "on the next invocation", file=sys.stderr, flush=True)
         status = 130
     except _config_errors() as e:
-        print(f"error: {' '.join(str(e).split())}", file=sys.stderr, flush=True)
+        print(redact(f"error: {' '.join(str(e).split())}"), file=sys.stderr, flush=True)
         status = 2
     finally:
         if old_term is not None:

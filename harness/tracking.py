@@ -13,9 +13,12 @@ import time
 import uuid
 from pathlib import Path
 
+from harness.credentials import redact, redact_obj
+
 log = logging.getLogger(__name__)
 
 DEFAULT_URI = "sqlite:///mlflow.db"
+END_FLUSH_S = 180.0  # how long the end of a run waits for an unreachable server to take its buffered metrics
 
 
 class TrackingError(RuntimeError):
@@ -25,6 +28,20 @@ class TrackingError(RuntimeError):
 def resolve_uri(configured: str | None) -> str:
     """``tracking.uri`` if set, else ``$MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db`` (cwd)."""
     return configured or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
+
+
+def _short(e: Exception) -> str:
+    return " ".join(str(e).split())[:400]
+
+
+def _auth_hint(e: Exception) -> str:
+    """A pointer to the credentials when a server answered 401/403."""
+    text = str(e)
+    if any(s in text for s in ("401", "403", "Unauthorized", "Permission denied", "PERMISSION_DENIED",
+                               "UNAUTHENTICATED")):
+        return ("; the server refused the credentials: set MLFLOW_TRACKING_USERNAME and "
+                "MLFLOW_TRACKING_PASSWORD (or ~/.mlflow/credentials) to an account with access")
+    return ""
 
 
 def flatten(d: dict, prefix: str = "") -> dict:
@@ -75,7 +92,9 @@ def _create_sqlite_store(db: Path) -> None:
 
 
 class Tracker:
-    """Wraps ``MlflowClient`` for one run.
+    """Wraps ``MlflowClient`` for one run. Params, tags and text artifacts pass through
+    :func:`harness.credentials.redact` (no password reaches the store), and error messages name
+    the URI with its password masked.
 
     Args:
         uri: tracking URI (sqlite URL, http(s) server, ...).
@@ -94,7 +113,7 @@ class Tracker:
         if uri.startswith("sqlite:///"):
             db = Path(uri[len("sqlite:///"):])
             if not db.parent.is_dir():
-                raise TrackingError(f"tracking store {uri!r}: folder {str(db.parent)!r} does not exist; "
+                raise TrackingError(f"tracking store {redact(uri)!r}: folder {str(db.parent)!r} does not exist; "
                                     "create it or set tracking.uri / MLFLOW_TRACKING_URI to another sqlite path")
         mlflow.set_tracking_uri(uri)
         if uri.startswith("http"):  # fail fast instead of MLflow's long retry loop
@@ -105,21 +124,32 @@ class Tracker:
                 if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).exists():
                     _create_sqlite_store(Path(uri[len("sqlite:///"):]))
                 self.client = MlflowClient(uri)
-                exp = self.client.get_experiment_by_name(experiment)
-                # a model-training experiment: the MLflow UI opens its runs table, not the GenAI view
-                self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(
-                    experiment, artifact_location=_artifact_location(uri),
-                    tags={"mlflow.experimentKind": "custom_model_development"})
+                self.experiment_id = self._experiment(experiment)
             except Exception as e:
-                raise TrackingError(
-                    f"tracking store {uri!r} is not usable ({type(e).__name__}: {e}); set tracking.uri=... "
-                    "or MLFLOW_TRACKING_URI to a reachable server or a sqlite URL like sqlite:///mlflow.db"
-                ) from e
+                raise TrackingError(redact(
+                    f"tracking store {uri!r} is not usable ({type(e).__name__}: {_short(e)}){_auth_hint(e)}; "
+                    "set tracking.uri=... or MLFLOW_TRACKING_URI to a reachable server or a sqlite URL like "
+                    "sqlite:///mlflow.db")) from e
         self.run_id: str | None = None
         self.pending: list = []
         self.logged: set[tuple[str, int]] = set()  # (key, step) already in the store: never sent twice
         self._beat = 0.0
         self._system = None
+
+    def _experiment(self, name: str) -> str:
+        """The id of experiment ``name``, created if missing. Jobs starting together against one
+        server race to create it: the loser finds the winner's (RESOURCE_ALREADY_EXISTS)."""
+        exp = self.client.get_experiment_by_name(name)
+        if exp is not None:
+            return exp.experiment_id
+        try:  # a model-training experiment: the MLflow UI opens its runs table, not the GenAI view
+            return self.client.create_experiment(name, artifact_location=_artifact_location(self.uri),
+                                                 tags={"mlflow.experimentKind": "custom_model_development"})
+        except Exception:
+            exp = self.client.get_experiment_by_name(name)
+            if exp is None:
+                raise
+            return exp.experiment_id
 
     def start(self, run_name: str | None = None, run_id: str | None = None, tags: dict | None = None) -> str:
         """Create a run (with ``tags`` set at creation), or reopen ``run_id``; returns the run id.
@@ -144,7 +174,8 @@ class Tracker:
                                                      tags={**identity, **(tags or {})}).info.run_id
                 self.logged = set()
         except Exception as e:
-            raise TrackingError(f"tracking store {self.uri!r}: cannot open run {run_id or 'new'}: {e}") from e
+            raise TrackingError(redact(f"tracking store {self.uri!r}: cannot open run {run_id or 'new'}: {_short(e)}"
+                                       f"{_auth_hint(e)}")) from e
         return self.run_id
 
     def open(self, record_path: str | Path, run_name: str | None = None, resume_id: str | None = None,
@@ -218,14 +249,15 @@ class Tracker:
         """Log params (values stringified, cut at MLflow's 6,000-character limit)."""
         from mlflow.entities import Param
 
-        items = [Param(k, str(v)[:6000]) for k, v in params.items()]
+        items = [Param(redact(k), redact(str(v))[:6000]) for k, v in params.items()]
         for i in range(0, len(items), 100):
             self._call(self.client.log_batch, self.run_id, params=items[i : i + 100])
 
     def set_tags(self, tags: dict) -> None:
         from mlflow.entities import RunTag
 
-        self._call(self.client.log_batch, self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+        self._call(self.client.log_batch, self.run_id,
+                   tags=[RunTag(redact(k), redact(str(v))) for k, v in tags.items()])
 
     def queue(self, metrics: dict, step: int) -> None:
         """Queue finite metric values at ``step`` (sent by the next :meth:`flush`); a ``(key, step)``
@@ -298,25 +330,29 @@ class Tracker:
             self._system = None
 
     def log_text(self, text: str, artifact_file: str) -> None:
-        self._call(self.client.log_text, self.run_id, text, artifact_file)
+        self._call(self.client.log_text, self.run_id, redact(text), artifact_file)
 
     def log_table(self, rows: list[dict], artifact_file: str) -> None:
         import pandas as pd
 
-        self._call(self.client.log_table, self.run_id, pd.DataFrame(rows), artifact_file)
+        self._call(self.client.log_table, self.run_id, pd.DataFrame(redact_obj(rows)), artifact_file)
 
     def metric_history(self, key: str) -> list[tuple[int, float]]:
         return [(m.step, m.value) for m in self.client.get_metric_history(self.run_id, key)]
 
     def end(self, status: str = "FINISHED") -> None:
-        """Flush (retrying briefly) and close the run with ``status``."""
+        """Flush and close the run with ``status``; buffered metrics are retried for up to
+        :data:`END_FLUSH_S` seconds against a server (a restart), 6 s against a local file."""
         if self._system is not None:
             self._call(self._system.finish)
             self._system = None
-        for _ in range(3):
-            if self.flush():
-                break
+        # A server may be restarting: keep trying for a while (a local store: briefly) before giving up.
+        deadline = time.time() + (END_FLUSH_S if not self.uri.startswith("sqlite") else 6.0)
+        while not self.flush() and time.time() < deadline:
             time.sleep(2)
+        if self.pending:
+            log.error("MLflow store %s unreachable: %d metric values of run %s were not recorded",
+                      redact(self.uri), len(self.pending), self.run_id)
         self._call(self.client.set_terminated, self.run_id, status)
 
     def _call(self, fn, *args, **kwargs):
