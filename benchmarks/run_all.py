@@ -273,7 +273,12 @@ def main(argv=None):
 
 def write(path, lines) -> str:
     """Write what is measured so far (a later failure loses nothing already measured)."""
+    from benchmarks.rollout_backends import MARK_BEGIN, MARK_END
+
     text = "\n".join(lines) + "\n"
+    old = Path(path).read_text() if Path(path).exists() else ""
+    if MARK_BEGIN in old and MARK_END in old:  # the rollout-backend section has its own script: keep it
+        text += "\n" + MARK_BEGIN + old.split(MARK_BEGIN, 1)[1].split(MARK_END, 1)[0] + MARK_END + "\n"
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(text)
     return text

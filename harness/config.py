@@ -111,6 +111,20 @@ class RolloutConfig:
     share_prefix: bool = True  # prefill each distinct prompt once, copy its KV cache to the group
 
 
+@dataclass
+class VLLMRolloutConfig(RolloutConfig):
+    """``rollout=vllm``: an in-process vLLM engine (:class:`harness.rollout.vllm.VLLMRollout`;
+    ``share_prefix`` is vLLM's prefix caching, ``batch_size`` must stay 0)."""
+
+    backend: str = "vllm"
+    dtype: str = "auto"  # engine dtype; auto = the policy's
+    gpu_memory_utilization: float = 0.3  # GPU only: fraction for weights + KV cache
+    kv_cache_gib: int = 4  # CPU only: KV cache size in whole GiB (sets VLLM_CPU_KVCACHE_SPACE)
+    max_model_len: int = 2048  # prompt + completion tokens per sequence
+    enforce_eager: bool = True  # no CUDA graphs (faster start); false for faster decode on GPU
+    sleep: bool = False  # GPU only: free the engine's memory while the trainer runs (sleep mode)
+
+
 # ------------------------------------------------------------------------ algorithm
 # The advantage estimators' and loss aggregations' params dataclasses live beside their functions
 # (harness.algo) and are stored below as the options of the ``advantage`` and ``loss_agg`` groups.
@@ -201,6 +215,8 @@ class Config:
     group_size: int = 8  # G: completions per prompt
     policy_loss: Any = MISSING  # a POLICY_LOSSES params node: policy_loss=ppo_clip, gspo, cispo, ...
     group_filter: Any = MISSING  # a GROUP_FILTERS params node: group_filter=none | dapo (dynamic sampling)
+    # a ROLLOUT_CORRECTIONS params node: none | token_truncate | token_mask | sequence_truncate | sequence_mask
+    rollout_correction: Any = MISSING
     top_entropy_quantile: float = 1.0  # keep the policy loss on the top q of tokens by entropy (1 = all)
     beta: float = 0.04  # KL coefficient
     kl: KLConfig = field(default_factory=KLConfig)
@@ -218,7 +234,7 @@ class Config:
 
 
 TASK_SCHEMAS = {"gsm8k": GSM8KTaskConfig, "math": MathTaskConfig, "arith": ArithTaskConfig}
-ROLLOUT_SCHEMAS = {"hf": RolloutConfig}
+ROLLOUT_SCHEMAS = {"hf": RolloutConfig, "vllm": VLLMRolloutConfig}
 
 
 def group_schemas() -> dict:
@@ -227,11 +243,12 @@ def group_schemas() -> dict:
     The advantage and loss-aggregation options come from the algo registries, so a registered
     variant is selectable (``advantage=<name>``) without a yaml file.
     """
-    from harness.algo import GROUP_FILTERS, LOSS_AGGREGATIONS, POLICY_LOSSES, TOKEN_ESTIMATORS
+    from harness.algo import GROUP_FILTERS, LOSS_AGGREGATIONS, POLICY_LOSSES, ROLLOUT_CORRECTIONS, TOKEN_ESTIMATORS
 
     return {"task": TASK_SCHEMAS, "advantage": dict(TOKEN_ESTIMATORS.schemas()),
             "policy_loss": dict(POLICY_LOSSES.schemas()), "loss_agg": dict(LOSS_AGGREGATIONS.schemas()),
-            "group_filter": dict(GROUP_FILTERS.schemas()), "rollout": ROLLOUT_SCHEMAS}
+            "group_filter": dict(GROUP_FILTERS.schemas()), "rollout": ROLLOUT_SCHEMAS,
+            "rollout_correction": dict(ROLLOUT_CORRECTIONS.schemas())}
 
 
 def register_configs() -> None:

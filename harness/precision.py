@@ -66,8 +66,11 @@ def probe(tokens: int = 256, hidden: int = 576, inner: int = 1536, min_seconds: 
             if dt >= min_seconds:
                 return flops * n / dt / 1e9
 
-    fp32, bf16 = rate("fp32"), rate("bf16-autocast")
-    return {"fp32_gflops": round(fp32, 2), "bf16_gflops": round(bf16, 2), "speedup": round(bf16 / fp32, 3)}
+    def sig(x: float) -> float:  # 4 significant digits: a tiny probe's 0.05 GFLOP/s keeps its precision
+        return float(f"{x:.4g}")
+
+    fp32, bf16 = sig(rate("fp32")), sig(rate("bf16-autocast"))
+    return {"fp32_gflops": fp32, "bf16_gflops": bf16, "speedup": sig(bf16 / fp32)}
 
 
 def choose(figures: dict | None = None) -> str:

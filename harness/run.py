@@ -84,8 +84,14 @@ def build_components(cfg):
     critic = None
     if "values" in TOKEN_ESTIMATORS.spec(cfg.advantage.name).needs:
         critic = Critic.build(cfg, policy, lambda: build_policy(cfg, tokenizer))
+    import dataclasses
+
+    from harness.config import RolloutConfig
+
+    common = {f.name for f in dataclasses.fields(RolloutConfig)}  # a backend's own keys go to it
+    own = {k: v for k, v in cfg.rollout.items() if k not in common}
     backend = build_backend(cfg.rollout.backend, policy, tokenizer, batch_size=cfg.rollout.batch_size,
-                            progress=cfg.rollout.progress, share_prefix=cfg.rollout.share_prefix)
+                            progress=cfg.rollout.progress, share_prefix=cfg.rollout.share_prefix, **own)
     return task, tokenizer, policy, critic, backend
 
 

@@ -247,7 +247,7 @@ class Trainer:
 
         t0 = time.perf_counter()
         tb = TrainBatch(batch.prompt_ids, batch.prompt_mask, batch.completion_ids, loss_mask,
-                        local_adv, old, ref, values, local_returns)
+                        local_adv, old, ref, values, local_returns, sampler_logprobs=batch.sampler_logprobs)
         lr = self.sched.get_last_lr()[0]  # the learning rate this step's update uses
         stats = self._update(tb)
         t_update = time.perf_counter() - t0
@@ -282,6 +282,8 @@ class Trainer:
             "verifier/timeouts": grew.verifier.get("verifier/timeouts", 0.0),
             "verifier/errors": grew.verifier.get("verifier/errors", 0.0),
         }
+        if cfg.rollout.temperature > 0:  # the sampler's log-probs against the trainer's (same on every rank)
+            metrics.update(self._mismatch_metrics(batch, old, loss_mask))
         for k in ("time/logprob_s", "time/old_logprob_s", "time/ref_logprob_s", "time/value_s", "time/update_s",
                   "time/rollout_s", "time/reward_s"):
             metrics[k] = w.max(metrics[k])  # the slowest rank sets the step's pace
@@ -291,6 +293,28 @@ class Trainer:
         self._last = StepRecord(self.step, batch, rew, ctx.scores[first // G : (first + n_local) // G], local_adv,
                                 local_returns, loss_mask, metrics, greedy, self._first_logprobs)
         return metrics
+
+    def _mismatch_metrics(self, batch, old, loss_mask) -> dict:
+        """``rollout/*``: how far the sampler's log-probs are from the trainer's under the same
+        weights (``old`` when computed, else the first update pass's), over the loss tokens of the
+        global batch (:func:`harness.algo.mismatch_stats`); empty when the backend reports none."""
+        from harness.algo import mismatch_stats
+
+        w = self.world
+        if batch.sampler_logprobs is None:
+            local = mismatch_stats(torch.zeros(0, 1), torch.zeros(0, 1), torch.zeros(0, 1), 1.0)
+        else:
+            trainer = old if old is not None else self._first_logprobs
+            local = mismatch_stats(trainer, batch.sampler_logprobs, loss_mask, self.cfg.rollout_correction.cap)
+        sums = w.sum_dict({k: local[k] for k in ("tokens", "abs_diff_sum", "ratio_sum", "past_cap")})
+        if sums["tokens"] == 0:
+            return {}
+        return {"rollout/logprob_diff_mean": sums["abs_diff_sum"] / sums["tokens"],
+                "rollout/logprob_diff_max": w.max(local["abs_diff_max"]),
+                "rollout/is_ratio_mean": sums["ratio_sum"] / sums["tokens"],
+                "rollout/is_ratio_min": -w.max(-local["ratio_min"]),
+                "rollout/is_ratio_max": w.max(local["ratio_max"]),
+                "rollout/is_frac_past_cap": sums["past_cap"] / sums["tokens"]}
 
     def _greedy_scores(self, problems) -> torch.Tensor:
         """``[P]`` reward of one greedy completion per prompt (for estimators that need it, ReMax),

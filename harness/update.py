@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.algo import POLICY_LOSSES, aggregate_loss, kl_penalty, masked_mean
+from harness.algo import POLICY_LOSSES, ROLLOUT_CORRECTIONS, aggregate_loss, kl_penalty, masked_mean
 from harness.distributed import world
 from harness.kv import prompt_groups
 from harness.logprobs import token_logprobs
@@ -37,6 +37,7 @@ class TrainBatch:
     ref_logprobs: torch.Tensor | None = None
     old_values: torch.Tensor | None = None
     returns: torch.Tensor | None = None
+    sampler_logprobs: torch.Tensor | None = None  # the sampler's log-probs (rollout_correction)
 
     def rows(self, idx) -> "TrainBatch":
         """The rows ``idx`` (a slice or an index tensor)."""
@@ -142,7 +143,7 @@ def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, quantile: float
     return valid & (entropy.detach() >= threshold)
 
 
-def token_objective(logp, old, ref, advantages, mask, entropy, cfg, loss_params=None, beta=None):
+def token_objective(logp, old, ref, advantages, mask, entropy, cfg, loss_params=None, beta=None, weights=None):
     """The per-token loss of one (micro-)batch, read from the run config.
 
     Args:
@@ -152,6 +153,8 @@ def token_objective(logp, old, ref, advantages, mask, entropy, cfg, loss_params=
             ``entropy``: ``[B, T]`` per-token entropy (nats); ``cfg``: the run's Config.
         loss_params: ``cfg.policy_loss`` built into its params dataclass (built here when None).
         beta: the KL coefficient of this step (the KL controller's; ``cfg.beta`` when None).
+        weights: optional detached ``[B, T]`` per-token weights of the policy loss (the rollout
+            correction's importance weights, :mod:`harness.algo.rollout_correction`).
     Returns:
         ``(per_token_loss [B, T], stats)``: the registered policy loss ``policy_loss=<name>``
         (:mod:`harness.algo.policy_losses`, with ``cfg.policy_loss`` as its params), kept only
@@ -163,7 +166,7 @@ def token_objective(logp, old, ref, advantages, mask, entropy, cfg, loss_params=
     spec = POLICY_LOSSES.spec(cfg.policy_loss.name)
     p = loss_params if loss_params is not None else spec.build(cfg.policy_loss)
     beta = cfg.beta if beta is None else beta
-    per_token, stats = spec.fn(logp, old, advantages, mask, p)
+    per_token, stats = spec.fn(logp, old, advantages, mask, p, weights=weights)
     keep = high_entropy_mask(entropy, mask, cfg.top_entropy_quantile)
     per_token = per_token * keep
     stats["tokens_selected_frac"] = masked_mean(keep.to(per_token.dtype), mask)
@@ -214,6 +217,8 @@ def policy_pass(policy, batch: TrainBatch, cfg, micro_batch_size: int, beta=None
     total_tokens = max(norm["num_tokens"], 1.0)
     share = cfg.train.share_prefix
     loss_params = POLICY_LOSSES.spec(cfg.policy_loss.name).build(cfg.policy_loss)
+    correction = ROLLOUT_CORRECTIONS.spec(cfg.rollout_correction.name)
+    correction_params = correction.build(cfg.rollout_correction)
     sums: dict[str, float] = {}
     for idx, mb in micro_batches(batch, micro_batch_size, share):
         mask = mb.loss_mask.float()
@@ -226,8 +231,17 @@ def policy_pass(policy, batch: TrainBatch, cfg, micro_batch_size: int, beta=None
         old = mb.old_logprobs if mb.old_logprobs is not None else logp.detach()
         if logprobs_out is not None:
             logprobs_out[idx, : logp.shape[1]] = logp.detach().to(logprobs_out.dtype)
+        weights = None
+        if correction.name != "none":
+            if mb.sampler_logprobs is None:
+                raise ValueError(f"rollout_correction={correction.name}: the rollout backend reported no sampler "
+                                 "log-probs (greedy sampling?); use rollout_correction=none")
+            # the behaviour policy as the trainer computes it vs the sampler: fixed for all mu passes
+            weights = correction.fn((old - mb.sampler_logprobs) * mask, mask, correction_params)
         per_token, stats = token_objective(logp, old, mb.ref_logprobs, mb.advantages, mask, entropy, cfg, loss_params,
-                                           beta)
+                                           beta, weights)
+        if weights is not None:
+            stats["rollout_is_weight_mean"] = masked_mean(weights, mask)
         loss = aggregate(per_token, mask, cfg, norm)
         loss.backward()
         stats["entropy"] = masked_mean(entropy.detach(), mask)

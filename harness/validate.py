@@ -50,8 +50,8 @@ def _dry_run(cfg) -> None:
     """
     import torch
 
-    from harness.algo import (GROUP_FILTERS, KL_CONTROLLERS, POLICY_LOSSES, TOKEN_ESTIMATORS, AdvantageContext,
-                              aggregate_loss)
+    from harness.algo import (GROUP_FILTERS, KL_CONTROLLERS, POLICY_LOSSES, ROLLOUT_CORRECTIONS, TOKEN_ESTIMATORS,
+                              AdvantageContext, aggregate_loss)
 
     G = max(int(cfg.group_size), 1)
     spec = TOKEN_ESTIMATORS.spec(cfg.advantage.name)
@@ -73,6 +73,8 @@ def _dry_run(cfg) -> None:
         flt = GROUP_FILTERS.spec(cfg.group_filter.name)
         flt.fn(scores, flt.build(cfg.group_filter))
         KL_CONTROLLERS.get(cfg.kl.controller)(1.0, 0.1, 1, cfg.kl.target, cfg.kl.horizon)
+        corr = ROLLOUT_CORRECTIONS.spec(cfg.rollout_correction.name)
+        corr.fn(torch.zeros(2 * G, 3), mask, corr.build(cfg.rollout_correction))
     except ValueError as e:
         raise ConfigError(str(e)) from None
 
@@ -99,6 +101,26 @@ def validate(cfg) -> None:
            f"top_entropy_quantile={cfg.top_entropy_quantile}: expected in (0, 1] (1 = every token)")
     _choice("loss_agg", cfg.loss_agg.name, LOSS_AGGREGATIONS.names())
     _choice("rollout.backend", cfg.rollout.backend, BACKENDS)
+    from harness.config import ROLLOUT_SCHEMAS, VLLMRolloutConfig
+
+    schema = ROLLOUT_SCHEMAS.get(cfg.rollout.backend)
+    _check(schema is not None and set(cfg.rollout.keys()) == {f.name for f in dataclasses.fields(schema)},
+           f"rollout.backend={cfg.rollout.backend}: choose the backend with rollout={cfg.rollout.backend} "
+           "(the option brings its own keys), not by setting rollout.backend")
+    if cfg.rollout.backend == "vllm":  # the engine keys that this machine's device does not read
+        import torch
+
+        _choice("rollout.dtype", cfg.rollout.dtype, ["auto", "float32", "bfloat16", "float16"])
+
+        if torch.cuda.is_available():
+            _unread(cfg.rollout, "rollout", VLLMRolloutConfig, ["kv_cache_gib"], "it sizes vLLM's CPU KV cache "
+                    "(on a GPU rollout.gpu_memory_utilization does)")
+        else:
+            _unread(cfg.rollout, "rollout", VLLMRolloutConfig, ["gpu_memory_utilization", "sleep"],
+                    "no GPU is visible: vLLM's CPU engine does not read it (rollout.kv_cache_gib sizes its cache)")
+    _check(cfg.rollout.backend == "hf" or cfg.rollout.batch_size == 0,
+           f"rollout.batch_size={cfg.rollout.batch_size} with rollout={cfg.rollout.backend}: that engine schedules "
+           "its own batches; leave rollout.batch_size at 0")
     _choice("model.dtype", cfg.model.dtype, ["float32", "bfloat16", "float16"])
     _choice("train.precision", cfg.train.precision, ["fp32", "bf16-autocast", "auto"])
     _check(cfg.train.precision == "fp32" or cfg.model.dtype == "float32",

@@ -258,6 +258,39 @@ def test_two_jobs_log_through_a_server_restart_exactly_once(mlflow_server, tmp_p
     assert [list(v) for v in per_run] == [list(range(1, steps + 1))] * 2
 
 
+def test_a_killed_job_resumes_into_the_same_server_run(mlflow_server, tmp_path, monkeypatch):
+    """SIGKILL after a checkpoint, the same command again: one FINISHED run on the server with every
+    (metric, step) exactly once (the resume path of tests/test_kill_anytime.py, against a server)."""
+    client = _server_client(mlflow_server, monkeypatch)
+    steps = 8
+    env = _env(MLFLOW_TRACKING_USERNAME="admin", MLFLOW_TRACKING_PASSWORD=ADMIN_PASSWORD)
+    cmd = [sys.executable, "-m", "harness.run", *QUICK, f"train.steps={steps}", "eval.every=4", "checkpoint.every=1",
+           f"tracking.uri={mlflow_server.uri}", "tracking.experiment=resume", "tracking.run_name=resume-me"]
+    job = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           start_new_session=True)
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        if len(list(tmp_path.glob("checkpoints/*/step_000003.pt"))):
+            break
+        assert job.poll() is None, job.stdout.read().decode()[-3000:]
+        time.sleep(0.2)
+    os.killpg(job.pid, signal.SIGKILL)
+    job.wait()
+    assert not list(tmp_path.glob(f"checkpoints/*/step_{steps:06d}.pt")), "the job finished before the kill"
+    r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "resuming from" in r.stdout + r.stderr
+    runs = client.search_runs([client.get_experiment_by_name("resume").experiment_id])
+    assert [x.info.run_name for x in runs] == ["resume-me"] and runs[0].info.status == "FINISHED"
+    run = runs[0]
+    for key in run.data.metrics:
+        hist = [m.step for m in client.get_metric_history(run.info.run_id, key)]
+        assert len(hist) == len(set(hist)), f"{key}: a step logged twice: {sorted(hist)}"
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "train/reward_mean")) == \
+        list(range(1, steps + 1))
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "eval/accuracy")) == [0, 4, 8]
+
+
 # --------------------------------------------------------------------------- no secret in the records
 
 

@@ -128,14 +128,36 @@ KNOBS = {
     "model.tiny_config": math_("{model_type:llama,hidden_size:16,intermediate_size:32,num_hidden_layers:1,"
                                "num_attention_heads:2,num_key_value_heads:1,tie_word_embeddings:true}", "weights"),
     # ---------------------------------------------------------------- rollout
-    "rollout": refused("vllm", "rollout/vllm"),
-    "rollout/hf.backend": refused("vllm", "rollout.backend='vllm' is not valid"),
+    "rollout": check("check_vllm_engine"),
+    "rollout/hf.backend": refused("vllm", "choose the backend with rollout=vllm"),
     "rollout/hf.temperature": math_(0.5, "rollout"),
     "rollout/hf.top_p": refused(0.9, "rollout.top_p=0.9: expected 1.0"),
     "rollout/hf.max_new_tokens": math_(4, "rollout"),
     "rollout/hf.batch_size": speed(2),
     "rollout/hf.progress": book("progress bar"),
     "rollout/hf.share_prefix": speed("false"),
+    # rollout=vllm (tests/test_vllm.py runs it end to end): each key reaches the engine or is refused
+    "rollout/vllm.backend": refused("hf", "choose the backend with rollout=hf"),
+    "rollout/vllm.temperature": check("check_vllm_sampling"),
+    "rollout/vllm.top_p": refused(0.9, "rollout.top_p=0.9: expected 1.0"),
+    "rollout/vllm.max_new_tokens": check("check_vllm_sampling"),
+    "rollout/vllm.batch_size": refused(2, "rollout.batch_size=2 with rollout=vllm"),
+    "rollout/vllm.progress": book("progress bar"),
+    "rollout/vllm.share_prefix": check("check_vllm_engine"),
+    "rollout/vllm.dtype": check("check_vllm_engine"),
+    "rollout/vllm.kv_cache_gib": check("check_vllm_engine"),
+    "rollout/vllm.max_model_len": check("check_vllm_engine"),
+    "rollout/vllm.enforce_eager": check("check_vllm_engine"),
+    "rollout/vllm.gpu_memory_utilization": refused(0.5, "no GPU is visible"),
+    "rollout/vllm.sleep": refused("true", "no GPU is visible"),
+    # ---------------------------------------------------------------- rollout-training mismatch
+    # (on the hf backend sampler and trainer differ by ~1e-6, so ratios sit on both sides of 1)
+    "rollout_correction": math_("token_mask", "loss", "rollout_correction.cap=1.0"),
+    "rollout_correction/none.cap": math_(1.0, "metric:rollout/is_frac_past_cap"),
+    "rollout_correction/token_truncate.cap": math_(0.5, "loss"),
+    "rollout_correction/token_mask.cap": math_(0.5, "loss"),
+    "rollout_correction/sequence_truncate.cap": math_(0.5, "loss"),
+    "rollout_correction/sequence_mask.cap": math_(0.5, "loss"),
     # ---------------------------------------------------------------- advantage estimators
     "advantage": math_("rloo", "advantages"),
     "advantage/grpo.eps": math_(0.5, "advantages"),
@@ -494,6 +516,62 @@ def check_verify_timeout(key, tmp_path, monkeypatch):
 
 def check_verify_workers(key, tmp_path, monkeypatch):
     assert _math_verdicts("task.verify_workers=1") == _math_verdicts("task.verify_workers=2")
+
+
+def _vllm_backend(*overrides):
+    """The backend ``build_components`` makes for ``rollout=vllm`` + overrides, with a tiny model
+    whose head size vLLM's CPU attention supports (skips without vLLM, as tests/test_vllm.py)."""
+    from tests import test_vllm  # noqa: F401  (skips this test when vLLM is missing)
+    from tests.conftest import compose
+
+    from harness.run import build_components
+
+    cfg = compose("model=tiny", "task=arith", "rollout=vllm", "rollout.progress=false", "rollout.kv_cache_gib=1",
+                  "rollout.max_model_len=256", "model.tiny_config.hidden_size=128",
+                  "model.tiny_config.num_attention_heads=2", "model.tiny_config.num_key_value_heads=1", *overrides)
+    from harness.validate import validate
+
+    validate(cfg)
+    task, tok, policy, critic, backend = build_components(cfg)
+    return cfg, task, tok, backend
+
+
+def check_vllm_engine(key, tmp_path, monkeypatch):
+    """Each engine key is the engine's setting (read back from vLLM's own config)."""
+    from harness.rollout.vllm import VLLMRollout
+
+    cfg, _, _, base = _vllm_backend()
+    assert isinstance(base, VLLMRollout)
+    vc = base.llm.llm_engine.vllm_config
+    assert (str(vc.model_config.dtype), vc.model_config.max_model_len, vc.model_config.enforce_eager,
+            vc.cache_config.enable_prefix_caching) == ("torch.float32", 256, True, True)
+    blocks = vc.cache_config.num_gpu_blocks
+    base.close()
+    del base
+    _, _, _, other = _vllm_backend("rollout.dtype=bfloat16", "rollout.max_model_len=128", "rollout.kv_cache_gib=2",
+                                   "rollout.share_prefix=false", "rollout.enforce_eager=false")
+    vc = other.llm.llm_engine.vllm_config
+    assert (str(vc.model_config.dtype), vc.model_config.max_model_len, vc.model_config.enforce_eager,
+            vc.cache_config.enable_prefix_caching) == ("torch.bfloat16", 128, False, False)
+    assert vc.cache_config.num_gpu_blocks > 1.5 * blocks  # 2 GiB of KV cache instead of 1 (bf16: ~4x)
+    other.close()
+
+
+def check_vllm_sampling(key, tmp_path, monkeypatch):
+    """rollout.temperature and rollout.max_new_tokens reach vLLM's sampling: the draws and the
+    sampler's log-probs follow them."""
+    from harness.rollout import SamplingParams
+
+    cfg, task, tok, backend = _vllm_backend()
+    prompts = [task.prompt(task.train_problem(i, 0), tok) for i in range(2)]
+    hot = backend.generate(prompts, 4, SamplingParams(temperature=1.0, max_new_tokens=12, seed=1))
+    cold = backend.generate(prompts, 4, SamplingParams(temperature=0.3, max_new_tokens=12, seed=1))
+    short = backend.generate(prompts, 4, SamplingParams(temperature=1.0, max_new_tokens=3, seed=1))
+    assert not torch.equal(hot.completion_ids, cold.completion_ids)
+    m = cold.completion_mask.bool()
+    assert float(cold.sampler_logprobs[m].mean()) > float(hot.sampler_logprobs[hot.completion_mask.bool()].mean())
+    assert short.completion_ids.shape[1] == 3 and int(short.completion_mask.sum(1).max()) <= 3
+    backend.close()
 
 
 def test_knob_probe_exercises_the_branches():

@@ -18,6 +18,7 @@ from .losses import (
     value_loss,
 )
 from .filters import GROUP_FILTERS
+from .rollout_correction import ROLLOUT_CORRECTIONS, mismatch_stats
 from .policy_losses import POLICY_LOSSES
 from .registry import Registry
 from .token_estimators import (
@@ -37,6 +38,8 @@ from .utils import (
 )
 
 __all__ = [
+    "ROLLOUT_CORRECTIONS",
+    "mismatch_stats",
     "compute_advantages",
     "estimate_advantages",
     "AdvantageContext",

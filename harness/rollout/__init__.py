@@ -5,7 +5,7 @@ from __future__ import annotations
 from harness.rollout.base import RolloutBackend, RolloutBatch, SamplingParams, concat_batches, empty_batch
 
 # name -> "module:class"; a backend implements RolloutBackend (generate + sync_weights).
-BACKENDS = {"hf": "harness.rollout.hf:HFRollout"}
+BACKENDS = {"hf": "harness.rollout.hf:HFRollout", "vllm": "harness.rollout.vllm:VLLMRollout"}
 
 
 def build_backend(name: str, model, tokenizer, **kwargs) -> RolloutBackend:

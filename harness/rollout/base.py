@@ -1,8 +1,9 @@
 """The rollout interface: prompts in, sampled completions (token ids + masks) out.
 
 A backend only generates; it never computes rewards or losses. ``hf`` (transformers
-``generate``) ships here; a vLLM backend implements the same two methods and receives the
-policy's weights through :meth:`RolloutBackend.sync_weights` after each update.
+``generate`` on the policy module) and ``vllm`` (an in-process vLLM engine) implement the same
+two methods; vLLM receives the policy's weights through :meth:`RolloutBackend.sync_weights`
+after each update.
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ class RolloutBatch:
         truncated: ``[B]`` bool, True where no EOS came within ``max_new_tokens``.
         texts: ``B`` decoded completions (special tokens removed).
         group_size: G.
+        sampler_logprobs: ``[B, Tc]`` float32 log-probability of each sampled token under the
+            distribution the sampler drew it from (after temperature), 0 past the mask; None
+            when the backend does not report them (greedy decoding).
     """
 
     prompt_ids: torch.Tensor
@@ -52,6 +56,7 @@ class RolloutBatch:
     truncated: torch.Tensor
     texts: list[str]
     group_size: int
+    sampler_logprobs: torch.Tensor | None = None
 
     @property
     def num_sequences(self) -> int:
@@ -64,6 +69,7 @@ class RolloutBatch:
             self.prompt_ids[rows], self.prompt_mask[rows], self.completion_ids[rows],
             self.completion_mask[rows], self.truncated[rows],
             [self.texts[i] for i in rows.tolist()], self.group_size,
+            None if self.sampler_logprobs is None else self.sampler_logprobs[rows],
         )
 
 
@@ -88,6 +94,8 @@ def concat_batches(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
         torch.cat([b.truncated for b in batches]),
         [t for b in batches for t in b.texts],
         batches[0].group_size,
+        None if any(b.sampler_logprobs is None for b in batches)
+        else torch.cat([rpad(b.sampler_logprobs, tc, 0.0) for b in batches]),
     )
 
 

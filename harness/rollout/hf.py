@@ -39,6 +39,36 @@ class _TokenProgress:
         return scores
 
 
+class _LogprobRecorder:
+    """A logits processor (first in the list, so it sees the raw logits) that records the
+    sampler's log-probability of each sampled token: ``log_softmax(logits / T)`` at the token
+    drawn, i.e. the distribution the token was sampled from.
+
+    At decoding step t it reads the token chosen at step t-1 (the last column of ``input_ids``)
+    from the previous step's log-softmax; :meth:`finish` reads the final token from the last one.
+    """
+
+    def __init__(self, temperature: float):
+        self.temperature = temperature
+        self.prev: torch.Tensor | None = None
+        self.out: list[torch.Tensor] = []
+
+    def __call__(self, input_ids, scores):
+        if self.prev is not None:
+            self.out.append(self.prev.gather(1, input_ids[:, -1:]).squeeze(1))
+        self.prev = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        return scores
+
+    def finish(self, completion: torch.Tensor) -> torch.Tensor:
+        """``[B, Tc]`` log-probs of ``completion`` (its last column read from the last step)."""
+        if self.prev is not None and len(self.out) < completion.shape[1]:
+            self.out.append(self.prev.gather(1, completion[:, len(self.out) : len(self.out) + 1]).squeeze(1))
+        self.prev = None
+        if not self.out:
+            return torch.zeros(completion.shape, dtype=torch.float32)
+        return torch.stack(self.out[: completion.shape[1]], dim=1).cpu()
+
+
 def row_seed(seed: int, row: int) -> int:
     """The generator seed of row ``row`` of a call seeded with ``seed`` (63-bit, deterministic)."""
     return (int(seed) * 1_000_003 + int(row) * 7_919 + 1) % (2**63 - 1)
@@ -132,7 +162,8 @@ class HFRollout:
         greedy = params.temperature == 0
         from transformers import LogitsProcessorList
 
-        processors = []
+        recorder = None if greedy else _LogprobRecorder(params.temperature)
+        processors = [recorder] if recorder is not None else []
         if greedy:
             kwargs = dict(do_sample=False)
         elif params.seed is not None:
@@ -166,5 +197,6 @@ class HFRollout:
             mask, truncated = completion_mask_from_ids(completion, self.eos_ids)
         texts = self.tokenizer.batch_decode(completion * mask + self.tokenizer.pad_token_id * (1 - mask),
                                             skip_special_tokens=True)
+        sampler = None if recorder is None else recorder.finish(completion) * mask.cpu()
         return RolloutBatch(enc["input_ids"].cpu(), enc["attention_mask"].cpu(), completion.cpu(),
-                            mask.cpu(), truncated.cpu(), texts, group_size)
+                            mask.cpu(), truncated.cpu(), texts, group_size, sampler)

