@@ -12,7 +12,12 @@ call each, and appends one JSON line per (model, backend) to ``results/gpu_rollo
     python -m benchmarks.gpu_rollout                      # on the GPU machine
     python -m benchmarks.gpu_rollout --device cpu --tiny  # a dry run of the script itself, here
 
-Not measured: a full GRPO step on the GPU (the trainer keeps the policy on the CPU today).
+Then one GRPO step of the harness's own code on the same device (the trainer keeps its models
+on the CPU today, so the step is assembled here from its parts): the vLLM rollout of the batch
+above, group-normalised advantages of stand-in rewards (one verifier call per row is not what
+is timed), :func:`harness.update.policy_pass` (token-mean, ppo_clip, micro-batches of 16) with
+the config's bf16 model, an AdamW step and the weight sync into vLLM; one JSON line with
+``backend: "grpo_step"`` and its parts.
 """
 
 from __future__ import annotations
@@ -101,8 +106,57 @@ def main(argv=None) -> int:
                 del backend
                 if a.device == "cuda":
                     torch.cuda.empty_cache()
+        out_row = grpo_step(model, tok, prompts, a, params, device_name, dtype, shape)
+        print(json.dumps(out_row), flush=True)
+        with out.open("a") as f:
+            f.write(json.dumps(out_row) + "\n")
         del model
     return 0
+
+
+def grpo_step(model, tok, prompts, a, params, device_name, dtype, shape: str) -> dict:
+    """One rollout + update + sync of the harness's code on ``a.device`` (see the module doc)."""
+    from harness.algo import compute_advantages
+    from harness.rollout import build_backend
+    from harness.sweep import compose
+    from harness.update import TrainBatch, policy_pass
+
+    cfg = compose(["model=tiny", "task=arith", f"group_size={a.group_size}", "beta=0",
+                   f"rollout.max_new_tokens={a.new_tokens}", "train.micro_batch_size=16"])
+    backend = build_backend("vllm", model, tok, progress=False, gpu_memory_utilization=0.5, enforce_eager=False,
+                            max_model_len=2048, kv_cache_gib=2)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    model.train()
+    sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)
+    times = {}
+    t0 = time.perf_counter()
+    batch = backend.generate(prompts, a.group_size, params)
+    sync()
+    times["rollout_s"] = time.perf_counter() - t0
+    g = torch.Generator().manual_seed(0)
+    rewards = (torch.rand(len(prompts), a.group_size, generator=g) > 0.5).float()
+    adv = compute_advantages(rewards, "grpo").reshape(-1, 1) * batch.completion_mask
+    dev = a.device
+    tb = TrainBatch(batch.prompt_ids.to(dev), batch.prompt_mask.to(dev), batch.completion_ids.to(dev),
+                    batch.completion_mask.to(dev), adv.to(dev))
+    t0 = time.perf_counter()
+    stats = policy_pass(model, tb, cfg, cfg.train.micro_batch_size)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    sync()
+    times["update_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    backend.sync_weights(model)
+    sync()
+    times["sync_s"] = time.perf_counter() - t0
+    backend.close()
+    tokens = int(batch.completion_mask.sum())
+    return {"date": time.strftime("%Y-%m-%d"), "device": device_name, "model_shape": shape,
+            "dtype": str(dtype).removeprefix("torch."), "backend": "grpo_step", "sequences": len(prompts) * a.group_size,
+            "completion_tokens": tokens, **{k: round(v, 3) for k, v in times.items()},
+            "step_s": round(sum(times.values()), 3), "loss": round(float(stats["loss"]), 6),
+            "peak_torch_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if a.device == "cuda" else None}
+
 
 
 if __name__ == "__main__":
