@@ -9,7 +9,7 @@ terms: group_size, epsilon (clip), beta (KL coefficient), KL form k1/k2/k3, loss
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -115,6 +115,12 @@ class RolloutConfig:
 class VLLMRolloutConfig(RolloutConfig):
     """``rollout=vllm``: an in-process vLLM engine (:class:`harness.rollout.vllm.VLLMRollout`;
     ``share_prefix`` is vLLM's prefix caching, ``batch_size`` must stay 0)."""
+
+    # what validate reads about these keys (class attributes, not config keys)
+    CHOICES: ClassVar[dict] = {"dtype": ("auto", "float32", "bfloat16", "float16")}
+    GPU_ONLY: ClassVar[tuple] = ("gpu_memory_utilization", "sleep")  # refused when changed on a CPU machine
+    CPU_ONLY: ClassVar[tuple] = ("kv_cache_gib",)  # refused when changed on a GPU machine
+    OWN_BATCHES: ClassVar[bool] = True  # the engine schedules its batches: rollout.batch_size must stay 0
 
     backend: str = "vllm"
     dtype: str = "auto"  # engine dtype; auto = the policy's

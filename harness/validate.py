@@ -101,24 +101,24 @@ def validate(cfg) -> None:
            f"top_entropy_quantile={cfg.top_entropy_quantile}: expected in (0, 1] (1 = every token)")
     _choice("loss_agg", cfg.loss_agg.name, LOSS_AGGREGATIONS.names())
     _choice("rollout.backend", cfg.rollout.backend, BACKENDS)
-    from harness.config import ROLLOUT_SCHEMAS, VLLMRolloutConfig
+    from harness.config import ROLLOUT_SCHEMAS
 
     schema = ROLLOUT_SCHEMAS.get(cfg.rollout.backend)
     _check(schema is not None and set(cfg.rollout.keys()) == {f.name for f in dataclasses.fields(schema)},
            f"rollout.backend={cfg.rollout.backend}: choose the backend with rollout={cfg.rollout.backend} "
            "(the option brings its own keys), not by setting rollout.backend")
-    if cfg.rollout.backend == "vllm":  # the engine keys that this machine's device does not read
-        import torch
+    # what a backend's schema declares about its keys (harness.config.VLLMRolloutConfig)
+    for key, choices in getattr(schema, "CHOICES", {}).items():
+        _choice(f"rollout.{key}", cfg.rollout[key], list(choices))
+    import torch
 
-        _choice("rollout.dtype", cfg.rollout.dtype, ["auto", "float32", "bfloat16", "float16"])
-
-        if torch.cuda.is_available():
-            _unread(cfg.rollout, "rollout", VLLMRolloutConfig, ["kv_cache_gib"], "it sizes vLLM's CPU KV cache "
-                    "(on a GPU rollout.gpu_memory_utilization does)")
-        else:
-            _unread(cfg.rollout, "rollout", VLLMRolloutConfig, ["gpu_memory_utilization", "sleep"],
-                    "no GPU is visible: vLLM's CPU engine does not read it (rollout.kv_cache_gib sizes its cache)")
-    _check(cfg.rollout.backend == "hf" or cfg.rollout.batch_size == 0,
+    gpu = torch.cuda.is_available()
+    unread = list(getattr(schema, "CPU_ONLY" if gpu else "GPU_ONLY", ()))
+    if unread:
+        _unread(cfg.rollout, "rollout", schema, unread,
+                "it is read on a CPU machine only and this one has a GPU" if gpu else
+                "it is read on a GPU only and this machine has no GPU visible")
+    _check(not getattr(schema, "OWN_BATCHES", False) or cfg.rollout.batch_size == 0,
            f"rollout.batch_size={cfg.rollout.batch_size} with rollout={cfg.rollout.backend}: that engine schedules "
            "its own batches; leave rollout.batch_size at 0")
     _choice("model.dtype", cfg.model.dtype, ["float32", "bfloat16", "float16"])

@@ -148,8 +148,8 @@ KNOBS = {
     "rollout/vllm.kv_cache_gib": check("check_vllm_engine"),
     "rollout/vllm.max_model_len": check("check_vllm_engine"),
     "rollout/vllm.enforce_eager": check("check_vllm_engine"),
-    "rollout/vllm.gpu_memory_utilization": refused(0.5, "no GPU is visible"),
-    "rollout/vllm.sleep": refused("true", "no GPU is visible"),
+    "rollout/vllm.gpu_memory_utilization": refused(0.5, "has no GPU visible"),
+    "rollout/vllm.sleep": refused("true", "has no GPU visible"),
     # ---------------------------------------------------------------- rollout-training mismatch
     # (on the hf backend sampler and trainer differ by ~1e-6, so ratios sit on both sides of 1)
     "rollout_correction": math_("token_mask", "loss", "rollout_correction.cap=1.0"),
