@@ -121,6 +121,7 @@ class VLLMRolloutConfig(RolloutConfig):
     GPU_ONLY: ClassVar[tuple] = ("gpu_memory_utilization", "sleep")  # refused when changed on a CPU machine
     CPU_ONLY: ClassVar[tuple] = ("kv_cache_gib",)  # refused when changed on a GPU machine
     OWN_BATCHES: ClassVar[bool] = True  # the engine schedules its batches: rollout.batch_size must stay 0
+    SHARDABLE: ClassVar[bool] = False  # its weights are a copy: syncing FSDP2 shards into it is not written
 
     backend: str = "vllm"
     dtype: str = "auto"  # engine dtype; auto = the policy's
@@ -176,6 +177,8 @@ class TrainConfig:
     max_bad_steps: int = 5  # consecutive non-finite steps before stopping
     threads: int = 0  # torch intra-op threads (0 = leave default)
     precision: str = "fp32"  # fp32 | bf16-autocast (fp32 master weights, bf16 matmuls) | auto (measured at startup)
+    # none: every rank holds the whole policy | fsdp2: policy and reference sharded over torchrun's ranks
+    sharding: str = "none"
 
 
 @dataclass

@@ -21,6 +21,18 @@ prompt and the completion as two forwards, and generation calls the bare module.
 flat gradient with one ``all_reduce`` per step is the same arithmetic as DDP's bucketed
 all-reduce (without its compute/communication overlap) and works for all of these.
 
+Sharded training (``train.sharding=fsdp2``, :func:`shard`): for a policy that does not fit one
+device, PyTorch's FSDP2 (``torch.distributed.fsdp.fully_shard``) shards every decoder layer and the
+remaining parameters (embeddings, final norm, LM head) over the ranks, ZeRO-3 style: parameters,
+gradients and optimizer state each live on one rank only. The step stays the one-process step:
+gradients are reduce-scattered as *sums* (divide factor 1: each rank's loss is already its share of
+the global loss), every rank runs as many forward/backward passes as the busiest rank (an idle rank
+back-propagates a zero loss, :func:`idle_passes`), and forwards without gradients (generation,
+evaluation, old/reference log-probs) run on the gathered full weights (:func:`full_weights`, what
+TRL's ``unwrap_model_for_generation`` does for DeepSpeed ZeRO-3), so their varying number of decoding
+steps never has to match across ranks. Checkpoints hold the full (unsharded) state in the format of
+the unsharded run (:func:`full_state`, :func:`load_full_state`), so a run can resume with either.
+
 Backends: ``gloo`` on CPU; with CUDA the process group is ``cuda:nccl,cpu:gloo`` (collectives
 dispatch by tensor device). Only the CPU/gloo path is tested here (no GPU in CI).
 
@@ -30,9 +42,11 @@ whose collectives return their input, so the single-process code path is the sam
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import os
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -143,10 +157,11 @@ class World:
     def all_reduce_grads(self, params) -> None:
         """Sum the gradients of ``params`` over ranks, in place (one flat ``all_reduce`` per dtype
         and device). A parameter without a gradient on this rank contributes zeros (a rank whose
-        rows were all filtered out still takes part)."""
+        rows were all filtered out still takes part). Parameters sharded by FSDP2 (DTensors) are
+        skipped: their gradients were reduce-scattered in the backward."""
         if not self.distributed:
             return
-        params = [p for p in params if p.requires_grad]
+        params = [p for p in params if p.requires_grad and not _is_dtensor(p)]  # FSDP2 reduced those
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
@@ -211,3 +226,207 @@ def shutdown() -> None:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
     _WORLD = World()
+
+
+# ----------------------------------------------------------------------------- FSDP2
+SHARDINGS = ("none", "fsdp2")
+_ROOTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # policy -> its FSDP2 root (_LogprobRoot)
+
+
+def _is_dtensor(t) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
+
+
+class _LogprobRoot(torch.nn.Module):
+    """The FSDP2 root unit around a ``*ForCausalLM``: its forward is
+    :func:`harness.logprobs.token_logprobs` of the wrapped model. The trainer's forward calls the
+    decoder body and the (chunked) LM head separately, not the model's own ``forward``; wrapping both
+    in one module's forward makes FSDP2 gather the root parameters (embeddings, norm, LM head) for
+    it and reduce-scatter their gradients after its backward."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args, **kwargs):
+        from harness.logprobs import token_logprobs
+
+        if kwargs.get("share_prefix"):  # the same two forwards on every rank, whatever its prompts
+            kwargs["share_prefix"] = "always"
+        return token_logprobs(self.model, *args, **kwargs)
+
+
+def shard(model: torch.nn.Module) -> torch.nn.Module:
+    """Shard ``model`` over all ranks with FSDP2 (``fully_shard``), in place; returns ``model``.
+
+    Units: every module whose class is in the model's ``_no_split_modules`` (the transformers
+    decoder layers, the classes accelerate and verl wrap), then a root unit over the rest
+    (:class:`_LogprobRoot`). Gradients are reduce-scattered as sums (``set_gradient_divide_factor(1)``
+    with ``set_force_sum_reduction_for_comms``: gloo has no pre-multiplied sum). A forward without
+    gradients initialises FSDP's state from the root (a collective: every rank calls this), and the
+    parameters are left sharded, so an optimizer built afterwards holds the shards.
+
+    Raises:
+        RuntimeError: not in a process group of more than one rank, or the model declares no
+            ``_no_split_modules`` (not a transformers decoder).
+    """
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    if not world().distributed:
+        raise RuntimeError("train.sharding=fsdp2 shards over torchrun's ranks; this process is alone")
+    layers = set(getattr(model, "_no_split_modules", None) or ())
+    units = [m for m in model.modules() if type(m).__name__ in layers]
+    if not units:
+        raise RuntimeError(f"train.sharding=fsdp2: {type(model).__name__} names no decoder-layer class "
+                           "(_no_split_modules) to shard")
+    device = next(model.parameters()).device
+    mesh = None
+    if device.type == "cuda":
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh("cuda", (world().world_size,))
+    for m in units:
+        fully_shard(m, mesh=mesh, reshard_after_forward=True)
+    root = _LogprobRoot(model)
+    fully_shard(root, mesh=mesh, reshard_after_forward=True)
+    for m in root.modules():
+        if isinstance(m, FSDPModule):
+            m.set_gradient_divide_factor(1.0)
+            m.set_force_sum_reduction_for_comms(True)
+    with torch.no_grad():  # lazy initialisation from the root, before anything calls a layer alone
+        one = torch.zeros(1, 1, dtype=torch.long, device=device)
+        root(one, torch.ones(1, 1, device=device), one, torch.ones(1, 1, device=device))
+    root.reshard()
+    _ROOTS[model] = root
+    return model
+
+
+def is_sharded(model) -> bool:
+    """Whether :func:`shard` sharded ``model``."""
+    return model is not None and model in _ROOTS
+
+
+def logprob_forward(model):
+    """The callable that computes ``token_logprobs(model, ...)`` for a training forward: the FSDP2
+    root of a sharded model, else :func:`harness.logprobs.token_logprobs` bound to ``model``."""
+    root = _ROOTS.get(model) if model is not None else None
+    if root is not None:
+        return root
+    from functools import partial
+
+    from harness.logprobs import token_logprobs
+
+    return partial(token_logprobs, model)
+
+
+@contextlib.contextmanager
+def full_weights(model):
+    """Within the block, a sharded ``model`` holds its full parameters on every rank (all-gathered
+    once on entry, freed on exit), so forwards run without collectives and ranks may run different
+    numbers of them (generation). No-op for an unsharded model. Every rank must enter it together."""
+    root = _ROOTS.get(model) if model is not None else None
+    if root is None:
+        yield model
+        return
+    from torch.distributed.fsdp import FSDPModule
+
+    units = [m for m in root.modules() if isinstance(m, FSDPModule)]
+    for m in units:
+        m.set_reshard_after_forward(False, recurse=False)
+        m.unshard()
+    try:
+        yield model
+    finally:
+        for m in units:
+            m.reshard()
+            m.set_reshard_after_forward(True, recurse=False)
+
+
+def idle_passes(model, n_local: int) -> int:
+    """How many zero-loss forward/backward passes this rank must add so that every rank runs the
+    same number (the busiest rank's ``n_local``): FSDP2's all-gathers and reduce-scatters are
+    collectives. 0 for an unsharded model (its gradients are summed once per step). A collective
+    itself: call it before the first pass, not after this rank's last one."""
+    if not is_sharded(model):
+        return 0
+    return int(world().max(int(n_local))) - int(n_local)
+
+
+def idle_backward(model, share_prefix: bool) -> None:
+    """One forward/backward of a 1-token dummy row with loss ``0 * sum(log-probs)``: it joins the
+    other ranks' collectives and adds exactly zero to every gradient."""
+    dev = next(model.parameters()).device
+    one = torch.zeros(1, 1, dtype=torch.long, device=dev)
+    ones = torch.ones(1, 1, device=dev)
+    logp, _ = logprob_forward(model)(one, ones, one, ones, with_entropy=True, share_prefix=share_prefix)
+    (logp.sum() * 0.0).backward()
+
+
+def local_fraction(params) -> float:
+    """Fraction of the elements of ``params`` stored on this rank: 1.0 unsharded, about ``1 / W``
+    under FSDP2 (the shards of ``W`` ranks)."""
+    local = total = 0
+    for p in params:
+        total += p.numel()
+        local += p.to_local().numel() if _is_dtensor(p) else p.numel()
+    return local / max(total, 1)
+
+
+def clip_grad_norm_(params, max_norm: float) -> float:
+    """``torch.nn.utils.clip_grad_norm_`` returning a python float; for FSDP2's sharded gradients
+    the norm is that of the full gradient (a reduction over ranks)."""
+    params = list(params)
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    if _is_dtensor(norm):
+        norm = norm.full_tensor()
+    return float(norm)
+
+
+def _names(model) -> list[str]:
+    return [n for n, _ in model.named_parameters()]  # the optimizer's parameter order
+
+
+def full_state(model, optimizer=None) -> tuple[dict, dict | None]:
+    """``(model state dict, optimizer state dict)`` with full tensors on CPU, in the format of the
+    unsharded run (``module.state_dict()``, ``optimizer.state_dict()`` with integer parameter
+    ids). For a sharded model this all-gathers (``torch.distributed.checkpoint.state_dict``): every
+    rank must call it; the optimizer's FQN keys are mapped back to ids in parameter order."""
+    if not is_sharded(model):
+        return model.state_dict(), (optimizer.state_dict() if optimizer is not None else None)
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                         get_optimizer_state_dict)
+
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=False)
+    sd = {k: v.cpu() for k, v in get_model_state_dict(model, options=opts).items()}
+    osd = None
+    if optimizer is not None:
+        fqn = get_optimizer_state_dict(model, optimizer, options=opts)
+        ids = {n: i for i, n in enumerate(_names(model))}
+        osd = {"state": {ids[n]: {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in st.items()}
+                         for n, st in fqn["state"].items()},
+               "param_groups": [{**g, "params": [ids[n] for n in g["params"]]} for g in fqn["param_groups"]]}
+    return sd, osd
+
+
+def load_full_state(model, state: dict, optimizer=None, optimizer_state: dict | None = None) -> None:
+    """Load what :func:`full_state` returned (or an unsharded run's state dicts) into ``model``
+    and ``optimizer``; for a sharded model each rank keeps its shard (every rank calls it with the
+    same full dicts, as each reads the same checkpoint file)."""
+    if not is_sharded(model):
+        model.load_state_dict(state)
+        if optimizer is not None and optimizer_state is not None:
+            optimizer.load_state_dict(optimizer_state)
+        return
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
+                                                         set_optimizer_state_dict)
+
+    opts = StateDictOptions(full_state_dict=True)
+    set_model_state_dict(model, state, options=opts)
+    if optimizer is not None and optimizer_state is not None:
+        names = _names(model)
+        fqn = {"state": {names[i]: st for i, st in optimizer_state["state"].items()},
+               "param_groups": [{**g, "params": [names[i] for i in g["params"]]}
+                                for g in optimizer_state["param_groups"]]}
+        set_optimizer_state_dict(model, optimizer, fqn, options=opts)

@@ -49,6 +49,7 @@ def completion_hidden(model, prompt_ids, prompt_mask, completion_ids, completion
         completion_ids, completion_mask: ``[B, Tc]`` right-padded.
         share_prefix: run each distinct prompt once and reuse its keys/values for every row
             that repeats it (see :func:`shared_prefix_hidden`); same result up to float rounding.
+            ``"always"``: take that two-forward path even when no prompt repeats.
     Returns:
         ``[B, Tc, H]``: the state at position ``Tp - 1 + t`` predicts completion token ``t``.
     """
@@ -57,7 +58,9 @@ def completion_hidden(model, prompt_ids, prompt_mask, completion_ids, completion
         body = backbone(model)
         # transformers turns the cache off under gradient checkpointing in training mode
         checkpointed = getattr(body, "gradient_checkpointing", False) and body.training and torch.is_grad_enabled()
-        if len(first) < len(inverse) and not checkpointed:
+        # "always": the shared path even when no prompt repeats (FSDP2: every rank's micro-batch must
+        # run the same forwards, whose all-gathers are collectives; harness.distributed)
+        if (len(first) < len(inverse) or share_prefix == "always") and not checkpointed:
             return shared_prefix_hidden(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
                                         first, inverse)
     input_ids, attention_mask, position_ids = build_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask)

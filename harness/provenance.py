@@ -166,12 +166,14 @@ def model_source_sha256(name_or_path: str, tiny: bool) -> str:
     return f"hub:{name_or_path}"
 
 
-def collect(cfg=None, task=None, policy=None) -> dict:
+def collect(cfg=None, task=None, policy=None, weights_sha256: str | None = None) -> dict:
     """``{"provenance.<key>": str}`` for this process, the run's task and its freshly loaded policy.
 
     Args:
         cfg: the run config (model source); task: a :class:`harness.tasks.Task` (its ``sources``
             and problems); policy: the loaded policy, hashed before any update. Each may be None.
+        weights_sha256: the policy's :func:`state_dict_sha256` taken earlier (a sharded policy
+            holds only its shard: run.py hashes it before sharding); used instead of ``policy``.
     """
     out = {f"version.{k}": v for k, v in versions().items()}
     out.update({f"machine.{k}": v for k, v in machine().items()})
@@ -182,7 +184,9 @@ def collect(cfg=None, task=None, policy=None) -> dict:
             out[f"data.{split}.sha256"] = src.get("sha256", "")
         out["data.train.problems_sha256"] = problems_sha256(task.train)
         out["data.eval.problems_sha256"] = problems_sha256(task.eval)
-    if policy is not None:
+    if weights_sha256 is not None:
+        out["model.weights_sha256"] = weights_sha256
+    elif policy is not None:
         out["model.weights_sha256"] = state_dict_sha256(policy)
     if cfg is not None:
         out["model.source_sha256"] = model_source_sha256(cfg.model.name_or_path, bool(cfg.model.tiny_config))

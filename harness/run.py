@@ -141,14 +141,14 @@ def command_line() -> str:
     return " ".join([head, *(shlex.quote(a) for a in sys.argv[1:])])
 
 
-def _record_provenance(tracker, cfg, task, policy, rerun_of=None, recorded=None) -> dict:
+def _record_provenance(tracker, cfg, task, policy, rerun_of=None, recorded=None, weights_sha256=None) -> dict:
     """Provenance params, MLflow's standard source tags and the data sets as dataset inputs;
     for a rerun, a warning (and a ``rerun.differs.<key>`` tag) for each provenance difference."""
     import getpass
 
     from harness import provenance
 
-    prov = provenance.collect(cfg, task, policy)
+    prov = provenance.collect(cfg, task, policy, weights_sha256=weights_sha256)
     tracker.log_params(prov)
     tags = {"mlflow.source.git.commit": prov["provenance.git.commit"], "mlflow.source.name": "harness.run",
             "mlflow.source.type": "LOCAL", "mlflow.note.content": command_line(), "mlflow.user": getpass.getuser(),
@@ -210,6 +210,10 @@ def train(cfg, on_eval=None, on_step=None, rerun_of: str | None = None, recorded
     state = None
     if path is not None:
         found = ckpt.load(path)
+        if not cfg.resume and found.get("config_key") not in (None, key):
+            from harness.tracking import shared_folder_message
+
+            raise ConfigError(shared_folder_message(ckpt_dir, found["config_key"], key))
         if cfg.resume or not found.get("finished"):
             state = found
             if w.is_main and not cfg.resume:
@@ -223,12 +227,17 @@ def train(cfg, on_eval=None, on_step=None, rerun_of: str | None = None, recorded
             uri = "sqlite:///" + str(launch_dir / uri[10:])
         tracker = Tracker(uri, cfg.tracking.experiment)
     task, tokenizer, policy, critic, backend = build_components(cfg)
+    weights_sha256 = None
+    if w.is_main and cfg.train.sharding != "none":  # hashed whole, before the Trainer shards it
+        from harness.provenance import state_dict_sha256
+
+        weights_sha256 = state_dict_sha256(policy)
     trainer = Trainer(cfg, task, tokenizer, policy, backend, tracker, critic=critic, checkpoint_dir=ckpt_dir,
-                      on_eval=on_eval, on_step=on_step)
+                      on_eval=on_eval, on_step=on_step, config_key=key)
     how = None
     if w.is_main:
         how = tracker.open(ckpt_dir / "run.json", cfg.tracking.run_name or default_run_name(cfg),
-                           resume_id=state["run_id"] if state else None)
+                           resume_id=state["run_id"] if state else None, config_key=key)
     how = w.broadcast_object(how)
     if how == "resumed":
         trainer.load_state_dict(state)
@@ -245,7 +254,7 @@ def train(cfg, on_eval=None, on_step=None, rerun_of: str | None = None, recorded
         })
         tracker.log_text(OmegaConf.to_yaml(cfg, resolve=True), "config/resolved.yaml")
         if w.is_main:
-            _record_provenance(tracker, cfg, task, policy, rerun_of, recorded)
+            _record_provenance(tracker, cfg, task, policy, rerun_of, recorded, weights_sha256)
         tracker.log_metrics({"data/skipped_rows": task.skipped_rows,
                              "data/unparseable_golds": task.unparseable_golds}, step=0)
     if cfg.tracking.system_metrics:

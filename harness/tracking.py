@@ -179,7 +179,7 @@ class Tracker:
         return self.run_id
 
     def open(self, record_path: str | Path, run_name: str | None = None, resume_id: str | None = None,
-             tags: dict | None = None) -> str:
+             tags: dict | None = None, config_key: str | None = None) -> str:
         """Open the run of one job so that a rerun of the same command finds it again, from the start.
 
         ``record_path`` (``run.json`` in the job's checkpoint folder) is written atomically
@@ -196,11 +196,19 @@ class Tracker:
         A recorded run that is left behind while still RUNNING is closed as KILLED with the tag
         ``harness.superseded_by``. Returns ``"new"``, ``"adopted"`` or ``"resumed"``.
 
+        ``config_key`` (:func:`harness.run.config_key`) is written into the record; a record of
+        another key (another config's job writes into the same folder) is never adopted.
+
         Raises:
             TrackingError: the store rejects the run.
+            ConfigError: the record belongs to a job of another config and no ``resume_id`` is given.
         """
         record_path = Path(record_path)
         rec = _read_record(record_path)
+        if not resume_id and config_key and rec and rec.get("config_key") not in (None, config_key):
+            from harness.validate import ConfigError
+
+            raise ConfigError(shared_folder_message(record_path.parent, rec["config_key"], config_key))
         recorded = self._recorded_run(rec)
         how, token = "new", uuid.uuid4().hex
         if resume_id:
@@ -212,11 +220,11 @@ class Tracker:
             log.info("adopting MLflow run %s of a killed attempt (no checkpoint yet)", self.run_id)
             how = "adopted"
         else:
-            _write_record(record_path, {"token": token, "run_id": None})
+            _write_record(record_path, {"token": token, "run_id": None, "config_key": config_key})
             self.start(run_name, tags={**(tags or {}), "harness.run_token": token})
         if how != "new":
             token = (rec or {}).get("token") or token
-        _write_record(record_path, {"token": token, "run_id": self.run_id})
+        _write_record(record_path, {"token": token, "run_id": self.run_id, "config_key": config_key})
         if recorded is not None and recorded.info.run_id != self.run_id and recorded.info.status == "RUNNING":
             self._call(self.client.set_tag, recorded.info.run_id, "harness.superseded_by", self.run_id)
             self._call(self.client.set_terminated, recorded.info.run_id, "KILLED")
@@ -407,6 +415,16 @@ class NullTracker:
 
     def metric_history(self, key: str) -> list:
         return []
+
+
+def shared_folder_message(folder, theirs: str, ours: str) -> str:
+    """The error for a checkpoint folder that holds another config's job (a multirun whose jobs
+    share one ``checkpoint.dir``): adopting its run or resuming its weights would train the wrong
+    config under this one's name."""
+    return (f"checkpoint.dir={folder} holds the run of another config (config key {theirs}; this job's is "
+            f"{ours}): jobs with different configs must not share a checkpoint folder. Leave checkpoint.dir "
+            "unset (each config gets checkpoints/<config key>) or give each job its own; to continue from "
+            "that checkpoint on purpose, pass resume=<its file>")
 
 
 def _read_record(path: Path) -> dict | None:

@@ -19,7 +19,8 @@ import torch
 
 from harness import checkpoint as ckpt
 from harness.algo import GROUP_FILTERS, KL_CONTROLLERS, TOKEN_ESTIMATORS, AdvantageContext
-from harness.distributed import world
+from harness import distributed
+from harness.distributed import full_weights, world
 from harness.evaluation import evaluate
 from harness.health import HealthMonitor
 from harness.perf import PeakMemory
@@ -84,6 +85,7 @@ class Trainer:
         checkpoint_dir: where checkpoints go.
         on_eval: optional ``fn(step, metrics)`` called after each evaluation.
         on_step: optional ``fn(record: StepRecord)`` called after each step's metrics are complete.
+        config_key: the run's :func:`harness.run.config_key`, stored in each checkpoint.
 
     The estimator is looked up once (``TOKEN_ESTIMATORS.spec(cfg.advantage.name)``) and receives
     ``cfg.advantage`` whole; what it declares in ``needs`` (critic values, step rewards) is
@@ -96,8 +98,9 @@ class Trainer:
     """
 
     def __init__(self, cfg, task, tokenizer, policy, backend, tracker, critic=None, checkpoint_dir=None,
-                 on_eval=None, on_step=None):
+                 on_eval=None, on_step=None, config_key=None):
         self.cfg, self.task, self.tok, self.policy = cfg, task, tokenizer, policy
+        self.config_key = config_key  # written into checkpoints: another config's job must not resume them
         self.on_eval, self.on_step = on_eval, on_step
         self.world = world()
         self.world.broadcast_module(policy)  # every rank starts from rank 0's weights
@@ -116,6 +119,12 @@ class Trainer:
         t = cfg.train
         self.use_ref = cfg.beta > 0 and cfg.kl.placement != "none"
         self.ref = copy.deepcopy(policy).eval().requires_grad_(False) if self.use_ref else None
+        if t.sharding == "fsdp2":  # before the optimizer: it must hold the shards
+            distributed.shard(policy)
+            if self.ref is not None:
+                distributed.shard(self.ref)
+        # the share of the policy's parameters this rank holds (1.0 unless sharded): perf/param_shard_frac
+        self.param_frac = distributed.local_fraction(policy.parameters())
         self.opt = torch.optim.AdamW(policy.parameters(), lr=t.lr, betas=tuple(t.adam_betas),
                                      weight_decay=t.weight_decay)
         self.sched = torch.optim.lr_scheduler.LambdaLR(
@@ -150,6 +159,10 @@ class Trainer:
         Returns:
             (this rank's rollout batch, its reward output, its problems, info dict with global counts).
         """
+        with full_weights(self.policy):  # sharded: every rank gathers the weights, even one with no prompts
+            return self._collect()
+
+    def _collect(self):
         cfg, G, P, w = self.cfg, self.cfg.group_size, self.cfg.train.prompts_per_step, self.world
         rounds = self.group_filter_params.max_rounds
         kept, kept_rewards, kept_problems, t_roll, t_rew, sampled, info = [], [], [], 0.0, 0.0, 0, {}
@@ -220,9 +233,11 @@ class Trainer:
                      share_prefix=share, precision=cfg.train.precision)
         need_old = cfg.mu > 1 or (self.use_ref and cfg.kl.placement == "reward")
         t0 = time.perf_counter()
-        old = batched_logprobs(self.policy, *args, **lp_kw) if need_old else None
+        with full_weights(self.policy):
+            old = batched_logprobs(self.policy, *args, **lp_kw) if need_old else None
         t_old = time.perf_counter() - t0
-        ref = batched_logprobs(self.ref, *args, **lp_kw) if self.use_ref else None
+        with full_weights(self.ref):
+            ref = batched_logprobs(self.ref, *args, **lp_kw) if self.use_ref else None
         t_ref = time.perf_counter() - t0 - t_old
         values = self.critic.values(*args, mb) if self.critic is not None else None
         t_logprob = time.perf_counter() - t0
@@ -253,7 +268,7 @@ class Trainer:
         t_update = time.perf_counter() - t0
         self.step += 1
         if self.ref is not None and cfg.kl.ref_refresh_steps and self.step % cfg.kl.ref_refresh_steps == 0:
-            self.ref.load_state_dict(self.policy.state_dict())
+            self.ref.load_state_dict(self.policy.state_dict())  # sharded: shard to shard, same layout
         self.backend.sync_weights(self.policy)
 
         step_s = w.max(time.perf_counter() - t_start)
@@ -276,6 +291,7 @@ class Trainer:
             "time/value_s": t_logprob - t_old - t_ref, "time/update_s": t_update, "time/step_s": step_s,
             "time/elapsed_s": self.elapsed_before + time.time() - self.start_time,
             "perf/tokens_per_s": n_tokens / step_s, "perf/completion_tokens": n_tokens,
+            "perf/param_shard_frac": w.max(self.param_frac),
             "perf/padding_waste": w.sum(padding_waste(batch.prompt_mask, cmask, mb, batch.prompt_ids if share else None))
             / w.world_size,
             **info, **{f"train/{k}": v for k, v in stats.items()},
@@ -320,10 +336,11 @@ class Trainer:
         """``[P]`` reward of one greedy completion per prompt (for estimators that need it, ReMax),
         scored exactly as the sampled ones."""
         cfg = self.cfg
-        if not problems:
-            return torch.zeros(0)
-        greedy = SamplingParams(temperature=0.0, max_new_tokens=cfg.rollout.max_new_tokens)
-        out = self.backend.generate([self.task.prompt(p, self.tok) for p in problems], 1, greedy)
+        with full_weights(self.policy):  # entered by every rank, even one with no prompts
+            if not problems:
+                return torch.zeros(0)
+            greedy = SamplingParams(temperature=0.0, max_new_tokens=cfg.rollout.max_new_tokens)
+            out = self.backend.generate([self.task.prompt(p, self.tok) for p in problems], 1, greedy)
         rew = compute_rewards(self.task, out.texts, [p.gold for p in problems], out.completion_mask.sum(1),
                               format_weight=cfg.task.format_reward, max_new_tokens=cfg.rollout.max_new_tokens,
                               overlong_buffer=cfg.overlong.buffer, overlong_factor=cfg.overlong.penalty)
@@ -342,7 +359,7 @@ class Trainer:
             self.opt.zero_grad(set_to_none=True)
             s = policy_pass(self.policy, tb, cfg, mb, beta=self.kl_coef,
                             logprobs_out=self._first_logprobs if i == 0 else None)
-            s["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.train.max_grad_norm))
+            s["grad_norm"] = distributed.clip_grad_norm_(self.policy.parameters(), cfg.train.max_grad_norm)
             if not (math.isfinite(s["loss"]) and math.isfinite(s["grad_norm"])):
                 self._bad_step()
                 return stats | s
@@ -373,7 +390,8 @@ class Trainer:
         problems = self.task.eval[: cfg.eval.size] if cfg.eval.size else self.task.eval
         share = w.shard(len(problems))
         correct: list[int] = []
-        m, rows = evaluate(self.task, self.backend, self.tok, problems[share.start : share.stop],
+        with full_weights(self.policy):
+            m, rows = evaluate(self.task, self.backend, self.tok, problems[share.start : share.stop],
                            max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
                            num_samples=cfg.eval.num_samples, temperature=cfg.eval.temperature,
                            batch_size=cfg.eval.batch_size, log_samples=cfg.eval.log_samples,
@@ -433,13 +451,21 @@ class Trainer:
         return history
 
     # ------------------------------------------------------------- checkpoint
-    def state_dict(self) -> dict:
+    def _model_states(self) -> dict:
+        """Full policy / optimizer / reference state dicts (:func:`harness.distributed.full_state`: a
+        collective when sharded, so every rank calls it)."""
+        policy, opt = distributed.full_state(self.policy, self.opt)
+        # the reference only differs from the loaded initial weights once it is refreshed
+        ref = distributed.full_state(self.ref)[0] if self.ref is not None and self.cfg.kl.ref_refresh_steps else None
+        return {"policy": policy, "optimizer": opt, "ref": ref}
+
+    def state_dict(self, models: dict | None = None) -> dict:
+        """Everything a resume needs; ``models``: :meth:`_model_states` when already gathered."""
         return {
             "step": self.step, "data_pos": self.data_pos, "run_id": self.tracker.run_id,
-            "policy": self.policy.state_dict(), "optimizer": self.opt.state_dict(),
+            "config_key": self.config_key,
+            **(models if models is not None else self._model_states()),
             "scheduler": self.sched.state_dict(),
-            # the reference only differs from the loaded initial weights once it is refreshed
-            "ref": self.ref.state_dict() if self.ref is not None and self.cfg.kl.ref_refresh_steps else None,
             "critic": self.critic.state_dict() if self.critic is not None else None,
             "adv_state": self.adv_state, "rng": ckpt.rng_state(), "skipped": self.skipped, "kl_coef": self.kl_coef,
             "elapsed_s": self.elapsed_before + time.time() - self.start_time,
@@ -452,9 +478,10 @@ class Trainer:
         if self.checkpoint_dir is None:
             return None
         rngs = self.world.gather_objects(ckpt.rng_state())
+        models = self._model_states() if distributed.is_sharded(self.policy) else None
         path = None
         if self.world.is_main:
-            state = self.state_dict()
+            state = self.state_dict(models)
             state["finished"] = finished
             state["world_size"] = self.world.world_size
             if self.world.distributed:
@@ -465,11 +492,10 @@ class Trainer:
 
     def load_state_dict(self, state: dict) -> None:
         self.step, self.data_pos = state["step"], state["data_pos"]
-        self.policy.load_state_dict(state["policy"])
-        self.opt.load_state_dict(state["optimizer"])
+        distributed.load_full_state(self.policy, state["policy"], self.opt, state["optimizer"])
         self.sched.load_state_dict(state["scheduler"])
         if self.ref is not None and state.get("ref") is not None:
-            self.ref.load_state_dict(state["ref"])
+            distributed.load_full_state(self.ref, state["ref"])
         if self.critic is not None and state.get("critic") is not None:
             self.critic.load_state_dict(state["critic"])
         self.adv_state.clear()

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from harness.algo import POLICY_LOSSES, ROLLOUT_CORRECTIONS, aggregate_loss, kl_penalty, masked_mean
-from harness.distributed import world
+from harness.distributed import idle_backward, idle_passes, is_sharded, logprob_forward, world
 from harness.kv import prompt_groups
 from harness.logprobs import token_logprobs
 from harness.precision import autocast
@@ -220,11 +220,14 @@ def policy_pass(policy, batch: TrainBatch, cfg, micro_batch_size: int, beta=None
     correction = ROLLOUT_CORRECTIONS.spec(cfg.rollout_correction.name)
     correction_params = correction.build(cfg.rollout_correction)
     sums: dict[str, float] = {}
-    for idx, mb in micro_batches(batch, micro_batch_size, share):
+    forward = logprob_forward(policy)  # the FSDP2 root when sharded (harness.distributed.shard)
+    mbs = list(micro_batches(batch, micro_batch_size, share))
+    idle = idle_passes(policy, len(mbs))  # sharded: passes to add to match the busiest rank's collectives
+    for idx, mb in mbs:
         mask = mb.loss_mask.float()
         with autocast(cfg.train.precision):  # bf16 matmuls; log-probs and everything after in fp32
-            logp, entropy = token_logprobs(
-                policy, mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.loss_mask,
+            logp, entropy = forward(
+                mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.loss_mask,
                 temperature=cfg.rollout.temperature, chunk=cfg.train.logprob_chunk, with_entropy=True,
                 share_prefix=share,
             )
@@ -250,6 +253,11 @@ def policy_pass(policy, batch: TrainBatch, cfg, micro_batch_size: int, beta=None
         for k, v in stats.items():
             v = float(v)
             sums[k] = sums.get(k, 0.0) + (v if k == "loss" else v * w)
+    for _ in range(idle):
+        with autocast(cfg.train.precision):
+            idle_backward(policy, share)
+    if is_sharded(policy):  # summed over ranks: zero-loss passes spent waiting for the busiest rank
+        sums["idle_passes"] = float(idle)
     world().all_reduce_grads(policy.parameters())
     return _global_stats(sums)
 

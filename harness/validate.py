@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +127,15 @@ def validate(cfg) -> None:
     _check(cfg.train.precision == "fp32" or cfg.model.dtype == "float32",
            f"train.precision={cfg.train.precision} with model.dtype={cfg.model.dtype}: mixed precision keeps "
            "fp32 master weights; set model.dtype=float32 (or train.precision=fp32 to train in model.dtype)")
+    from harness.distributed import SHARDINGS
+
+    _choice("train.sharding", cfg.train.sharding, list(SHARDINGS))
+    if cfg.train.sharding == "fsdp2":
+        ranks = int(os.environ.get("WORLD_SIZE", "1"))
+        _check(ranks > 1, f"train.sharding=fsdp2 shards the model over torchrun's ranks and this run has {ranks}: "
+               "launch it with torchrun --nproc_per_node=N (N >= 2), or use train.sharding=none")
+        _check(getattr(schema, "SHARDABLE", True), f"train.sharding=fsdp2 with rollout={cfg.rollout.backend}: syncing "
+               "sharded weights into that engine is not implemented; use rollout=hf")
     _choice("train.lr_schedule", cfg.train.lr_schedule, ["constant", "linear", "cosine"])
     if requires_groups(cfg.advantage.name):
         _check(cfg.group_size >= 2, f"group_size={cfg.group_size} with advantage={cfg.advantage.name}: "

@@ -131,3 +131,34 @@ def test_math_filters_that_select_nothing():
 
     with pytest.raises(ValueError, match="task.levels"):
         build_task(compose(*QUICK, "task=math", "task.levels=[9]").task)
+
+
+def test_jobs_of_different_configs_sharing_one_checkpoint_dir_are_refused(run_dir):
+    """A multirun whose jobs share one checkpoint.dir: the second config's job must neither adopt
+    the first's MLflow run (run.json) nor resume its weights; the error names the folder and both
+    config keys, and resume=<file> still continues from it on purpose."""
+    import json
+
+    from harness.run import config_key
+    from harness.validate import ConfigError
+    from tests.conftest import QUICK, compose, run_job
+
+    ck = run_dir / "shared-ck"
+    _, first, _ = run_job(f"checkpoint.dir={ck}", "seed=0")
+    key0, key1 = config_key(compose(*QUICK, "seed=0")), config_key(compose(*QUICK, "seed=1"))
+    assert key0 != key1 and json.loads((ck / "run.json").read_text())["config_key"] == key0
+    with pytest.raises(ConfigError, match=f"checkpoint.dir={ck} holds the run of another config "
+                                          f"\\(config key {key0}; this job's is {key1}\\)"):
+        run_job(f"checkpoint.dir={ck}", "seed=1")
+    # the same config again is a new run in that folder (a finished run is not resumed)
+    _, again, _ = run_job(f"checkpoint.dir={ck}", "seed=0")
+    assert again.info.run_id != first.info.run_id
+    # killed before its first checkpoint: only run.json is there, and it is not adopted either
+    lone = run_dir / "lone-ck"
+    lone.mkdir()
+    (lone / "run.json").write_text(json.dumps({"token": "t", "run_id": first.info.run_id, "config_key": key0}))
+    with pytest.raises(ConfigError, match="holds the run of another config"):
+        run_job(f"checkpoint.dir={lone}", "seed=1")
+    # on purpose: resume=<file> continues from the other config's checkpoint
+    _, resumed, _ = run_job(f"checkpoint.dir={ck}", "seed=1", f"resume={sorted(ck.glob('step_*.pt'))[-1]}")
+    assert resumed.info.run_id == again.info.run_id

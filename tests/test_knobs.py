@@ -99,7 +99,8 @@ KNOBS = {
     "train.share_prefix": speed("false"),
     "train.max_bad_steps": check("check_max_bad_steps"),
     "train.threads": speed(1),
-    "train.precision": math_("bf16-autocast", "weights"),  # fp32 master weights, bf16 matmuls: the update moves
+    "train.precision": math_("bf16-autocast", "weights"),
+    "train.sharding": check("check_sharding"),  # the 2-rank equality runs: test_distributed.py  # fp32 master weights, bf16 matmuls: the update moves
     # ---------------------------------------------------------------- eval
     "eval.every": math_(0, "eval"),
     "eval.size": math_(1, "eval"),
@@ -380,6 +381,24 @@ def check_max_bad_steps(key, tmp_path, monkeypatch):
     assert metric(obs, "train/skipped_updates")[1:] == [1.0, 2.0]
     with pytest.raises(TrainingStopped, match="train.max_bad_steps=1"):
         probe("train.max_bad_steps=1")
+
+
+def check_sharding(key, tmp_path, monkeypatch):
+    """train.sharding=fsdp2 is refused where it cannot shard (one process) or sync (vLLM), naming
+    the key; under torchrun it shards (perf/param_shard_frac ~ 0.5 on 2 ranks) and equals the
+    unsharded run: tests/test_distributed.py::test_fsdp2_*."""
+    from harness.validate import ConfigError, validate
+    from tests.conftest import compose
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(ConfigError, match="train.sharding=fsdp2 shards the model over torchrun's ranks"):
+        validate(compose("train.sharding=fsdp2"))
+    with pytest.raises(ConfigError, match="train.sharding='zero3'"):
+        validate(compose("train.sharding=zero3"))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    validate(compose("train.sharding=fsdp2"))
+    with pytest.raises(ConfigError, match="train.sharding=fsdp2 with rollout=vllm"):
+        validate(compose("train.sharding=fsdp2", "rollout=vllm"))
 
 
 def check_model_presets(key, tmp_path, monkeypatch):

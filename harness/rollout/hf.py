@@ -185,6 +185,9 @@ class HFRollout:
                 **enc, max_new_tokens=params.max_new_tokens, pad_token_id=self.tokenizer.pad_token_id,
                 eos_token_id=sorted(self.eos_ids),
                 logits_processor=LogitsProcessorList([*processors, _TokenProgress(bar)]),
+                # transformers turns this on for an FSDP-managed model (a collective per decoding
+                # step); the trainer generates on gathered weights, each rank at its own pace
+                synced_gpus=False,
                 **kwargs,
             )
         tp = enc["input_ids"].shape[1]
