@@ -90,7 +90,7 @@ def embedded_model_dir() -> Path:
         # the weights are already plain fp32 after dequantisation (shared/NOTES.md).
         if getattr(model, "hf_quantizer", None) is not None:
             model.hf_quantizer.remove_quantization_config(model)
-        model.save_pretrained(tmp)
+        save_pretrained_on_any_rank(model, tmp)  # under torchrun every rank may be the first
         tok.save_pretrained(tmp)
         try:
             os.rename(tmp, target)
@@ -100,6 +100,24 @@ def embedded_model_dir() -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def save_pretrained_on_any_rank(model, folder) -> None:
+    """``model.save_pretrained(folder)`` in this process, whatever its rank.
+
+    transformers >= 5 writes the weights only on rank 0 of an initialised process group
+    (``PreTrainedModel.should_save_on_this_rank``), but under ``torchrun`` each rank here needs
+    its own files: the vLLM engine's folder on every rank, the converted embedded model on each
+    node. The rank check is lifted for this one call (an instance attribute shadows the method).
+    """
+    if not hasattr(model, "should_save_on_this_rank"):
+        model.save_pretrained(folder)
+        return
+    model.__dict__["should_save_on_this_rank"] = lambda is_main_process=True: True
+    try:
+        model.save_pretrained(folder)
+    finally:
+        del model.__dict__["should_save_on_this_rank"]
 
 
 def resolve_model_path(name_or_path: str) -> str:

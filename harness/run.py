@@ -272,6 +272,8 @@ def train(cfg, on_eval=None, on_step=None, rerun_of: str | None = None, recorded
         raise
     finally:
         tracker.end(status)
+        if hasattr(backend, "close"):  # a vLLM engine, before the process group goes (run.main)
+            backend.close()
     if not w.is_main:
         return float(history[max(history)].get("eval/accuracy", float("nan"))) if history else float("nan")
     return summarize(history, tracker, output_dir, ckpt_dir)

@@ -72,7 +72,9 @@ class VLLMRollout:
         self.sleep_between = sleep
         self.asleep = False
         self._dir = tempfile.mkdtemp(prefix="harness-vllm-")
-        model.save_pretrained(self._dir, safe_serialization=True)
+        from harness.models import save_pretrained_on_any_rank
+
+        save_pretrained_on_any_rank(model, self._dir)  # each torchrun rank builds its own engine
         tokenizer.save_pretrained(self._dir)
         if dtype == "auto":
             dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
@@ -156,8 +158,13 @@ class VLLMRollout:
                             num_samples, sampler_logprobs=None if greedy else sampler * mask)
 
     def close(self) -> None:
-        """Remove the temporary model folder (the engine is freed with this object)."""
-        shutil.rmtree(self._dir, ignore_errors=True)
+        """Shut the engine down and remove its temporary model folder. Under ``torchrun`` this must
+        come before the process group is destroyed: vLLM's own shutdown (otherwise run at exit)
+        destroys the groups it made inside the torchrun world and fails once they are gone."""
+        client = getattr(getattr(getattr(self, "llm", None), "llm_engine", None), "engine_core", None)
+        if client is not None and hasattr(client, "shutdown"):
+            client.shutdown()
+        shutil.rmtree(getattr(self, "_dir", ""), ignore_errors=True)
 
     def __del__(self):
         self.close()
