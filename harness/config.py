@@ -24,6 +24,8 @@ class ModelConfig:
     name_or_path: str = "embedded:smollm2-135m-instruct"
     dtype: str = "float32"  # float32 | bfloat16 | float16
     gradient_checkpointing: bool = False
+    # where the policy, reference and critic train: auto = cuda:<LOCAL_RANK> when CUDA is available, else cpu
+    device: str = "auto"
     # Tiny random Llama built from this dict instead of loading weights (tests, smoke runs).
     tiny_config: Optional[dict] = None
 

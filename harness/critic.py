@@ -81,7 +81,8 @@ class Critic:
         else:
             body = fresh_policy()
             body.apply(body._init_weights)
-        return cls(cfg, ValueModel(body, share_prefix=cfg.train.share_prefix))
+        device = next(policy.parameters()).device  # the value head joins the body's device
+        return cls(cfg, ValueModel(body, share_prefix=cfg.train.share_prefix).to(device))
 
     def in_warmup(self, step: int) -> bool:
         """True while only the critic trains (the first ``critic.warmup_steps`` steps)."""
@@ -93,9 +94,10 @@ class Critic:
         from harness.precision import autocast
         from harness.update import batched_forward
 
-        with autocast(self.cfg.train.precision):
+        dev = next(self.model.parameters()).device
+        with autocast(self.cfg.train.precision, dev.type):
             return batched_forward(self.model, prompt_ids, prompt_mask, completion_ids, completion_mask,
-                                   micro_batch_size, self.model.share_prefix).float()
+                                   micro_batch_size, self.model.share_prefix, device=dev).float()
 
     def update(self, batch, micro_batch_size: int) -> dict:
         """One optimizer step on the clipped value loss (token-mean over the whole batch).
@@ -114,9 +116,11 @@ class Critic:
         norm = global_normalizers(batch.loss_mask)
         self.opt.zero_grad(set_to_none=True)
         sums = {"value_loss": 0.0, "vf_clip_frac": 0.0}
+        dev = next(self.model.parameters()).device
         for _, mb in micro_batches(batch, micro_batch_size, self.model.share_prefix):
+            mb = mb.to(dev)  # the batch stays on CPU; each micro-batch visits the critic's device
             mask = mb.loss_mask.float()
-            with autocast(self.cfg.train.precision):
+            with autocast(self.cfg.train.precision, dev.type):
                 v = self.model(mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.loss_mask).float()
             per_token, stats = value_loss(v, mb.old_values, mb.returns, mask, clip_range=c.value_clip)
             loss = c.vf_coef * aggregate_loss(per_token, mask, "token-mean", num_tokens=norm["num_tokens"])

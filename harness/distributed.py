@@ -198,6 +198,24 @@ def world() -> World:
     return _WORLD
 
 
+def train_device(requested: str = "auto") -> torch.device:
+    """The device this rank's models train on (``model.device``).
+
+    ``auto``: ``cuda:<LOCAL_RANK>`` when CUDA is available (one GPU per rank, torchrun's
+    convention), else ``cpu``; ``cpu``; ``cuda``: ``cuda:<LOCAL_RANK>``.
+
+    Raises:
+        ValueError: ``cuda`` without a visible GPU, or another value.
+    """
+    if requested not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"model.device={requested!r}: expected 'auto', 'cpu' or 'cuda'")
+    if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ValueError("model.device=cuda: no CUDA device is visible (torch.cuda.is_available() is False)")
+    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+
+
 def init(timeout_s: float = 1800.0) -> World:
     """Join the process group ``torchrun`` describes in the environment, once.
 
@@ -212,6 +230,8 @@ def init(timeout_s: float = 1800.0) -> World:
     if size <= 1:
         return _WORLD
     if not torch.distributed.is_initialized():
+        if torch.cuda.is_available():  # NCCL's communicator belongs to the rank's own GPU
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         backend = "cuda:nccl,cpu:gloo" if torch.cuda.is_available() else "gloo"
         torch.distributed.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s))
         log.info("rank %s/%d joined the process group (%s)", os.environ.get("RANK"), size, backend)

@@ -42,25 +42,31 @@ def autocast(precision: str, device_type: str = "cpu"):
                      "('auto' is resolved at startup)")
 
 
-def probe(tokens: int = 256, hidden: int = 576, inner: int = 1536, min_seconds: float = 0.25) -> dict:
+def probe(tokens: int = 256, hidden: int = 576, inner: int = 1536, min_seconds: float = 0.25,
+          device: str | torch.device = "cpu") -> dict:
     """Forward + backward GFLOP/s of ``x -> down(silu(up(x)))`` (SmolLM2-135M's MLP shape) on
     ``tokens`` rows, in fp32 and under bf16 autocast, each timed over at least ``min_seconds``
-    after one warm-up call. Returns ``{"fp32_gflops", "bf16_gflops", "speedup"}``."""
+    after one warm-up call, on ``device`` (the one the models train on; CUDA is synchronised
+    around each timing). Returns ``{"fp32_gflops", "bf16_gflops", "speedup"}``."""
+    device = torch.device(device)
     g = torch.Generator().manual_seed(0)
-    up = torch.randn(inner, hidden, generator=g, requires_grad=True)
-    down = torch.randn(hidden, inner, generator=g, requires_grad=True)
-    x = torch.randn(tokens, hidden, generator=g)
+    up = torch.randn(inner, hidden, generator=g).to(device).requires_grad_()
+    down = torch.randn(hidden, inner, generator=g).to(device).requires_grad_()
+    x = torch.randn(tokens, hidden, generator=g).to(device)
     flops = 3 * 2 * 2 * tokens * hidden * inner  # two matmuls, forward + 2x backward
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     def rate(mode: str) -> float:
         def once():
-            with autocast(mode):
+            with autocast(mode, device.type):
                 y = torch.nn.functional.linear(torch.nn.functional.silu(torch.nn.functional.linear(x, up)), down)
             y.float().sum().backward()
         once()
+        sync()
         n, t0 = 0, time.perf_counter()
         while True:
             once()
+            sync()
             n += 1
             dt = time.perf_counter() - t0
             if dt >= min_seconds:
@@ -73,13 +79,13 @@ def probe(tokens: int = 256, hidden: int = 576, inner: int = 1536, min_seconds: 
     return {"fp32_gflops": fp32, "bf16_gflops": bf16, "speedup": sig(bf16 / fp32)}
 
 
-def choose(figures: dict | None = None) -> str:
+def choose(figures: dict | None = None, device: str | torch.device = "cpu") -> str:
     """``bf16-autocast`` when bf16 autocast measured at least ``MIN_SPEEDUP`` x fp32, else ``fp32``.
 
     Args:
-        figures: a :func:`probe` result (measured now when None); kept in ``LAST_PROBE``.
+        figures: a :func:`probe` result (measured now on ``device`` when None); kept in ``LAST_PROBE``.
     """
-    figures = dict(figures or probe())
+    figures = dict(figures or probe(device=device))
     choice = "bf16-autocast" if figures["speedup"] >= MIN_SPEEDUP else "fp32"
     LAST_PROBE.clear()
     LAST_PROBE.update(figures, chosen=choice)

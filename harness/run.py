@@ -59,7 +59,9 @@ def build_policy(cfg, tokenizer):
         model = load_causal_lm(cfg.model.name_or_path, cfg.model.dtype)
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
-    return model
+    from harness.distributed import train_device
+
+    return model.to(train_device(cfg.model.device))
 
 
 def build_components(cfg):
@@ -121,7 +123,8 @@ def prepare(cfg) -> None:
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     if cfg.train.precision == "auto":  # measured here (rank 0's choice for every rank), then recorded
-        choice = w.broadcast_object(precision.choose() if w.is_main else None)
+        device = distributed.train_device(cfg.model.device)  # measured where the models will train
+        choice = w.broadcast_object(precision.choose(device=device) if w.is_main else None)
         log.info("train.precision=auto -> %s (%s)", choice, precision.LAST_PROBE)
         cfg.train.precision = choice
 
@@ -249,6 +252,7 @@ def train(cfg, on_eval=None, on_step=None, rerun_of: str | None = None, recorded
             "model": cfg.model.name_or_path if not cfg.model.tiny_config else "tiny-random",
             "seed": cfg.seed, "config_key": key,
             "output_dir": str(output_dir), "world_size": w.world_size,
+            "device": str(next(policy.parameters()).device),  # where the models trained (model.device)
             **({f"precision.auto.{k}": v for k, v in precision.LAST_PROBE.items()} if precision.LAST_PROBE else {}),
             **({"sweep": cfg.tracking.sweep} if cfg.tracking.sweep else {}),
         })

@@ -39,6 +39,10 @@ class TrainBatch:
     returns: torch.Tensor | None = None
     sampler_logprobs: torch.Tensor | None = None  # the sampler's log-probs (rollout_correction)
 
+    def to(self, device) -> "TrainBatch":
+        """The same batch on ``device`` (a no-op where it already is)."""
+        return TrainBatch(*[None if v is None else v.to(device) for v in self.__dict__.values()])
+
     def rows(self, idx) -> "TrainBatch":
         """The rows ``idx`` (a slice or an index tensor)."""
         return TrainBatch(*[None if v is None else v[idx] for v in self.__dict__.values()])
@@ -223,9 +227,11 @@ def policy_pass(policy, batch: TrainBatch, cfg, micro_batch_size: int, beta=None
     forward = logprob_forward(policy)  # the FSDP2 root when sharded (harness.distributed.shard)
     mbs = list(micro_batches(batch, micro_batch_size, share))
     idle = idle_passes(policy, len(mbs))  # sharded: passes to add to match the busiest rank's collectives
+    dev = next(policy.parameters()).device
     for idx, mb in mbs:
+        mb = mb.to(dev)  # the batch stays on CPU; each micro-batch visits the model's device
         mask = mb.loss_mask.float()
-        with autocast(cfg.train.precision):  # bf16 matmuls; log-probs and everything after in fp32
+        with autocast(cfg.train.precision, dev.type):  # bf16 matmuls; log-probs and everything after in fp32
             logp, entropy = forward(
                 mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.loss_mask,
                 temperature=cfg.rollout.temperature, chunk=cfg.train.logprob_chunk, with_entropy=True,
@@ -233,7 +239,7 @@ def policy_pass(policy, batch: TrainBatch, cfg, micro_batch_size: int, beta=None
             )
         old = mb.old_logprobs if mb.old_logprobs is not None else logp.detach()
         if logprobs_out is not None:
-            logprobs_out[idx, : logp.shape[1]] = logp.detach().to(logprobs_out.dtype)
+            logprobs_out[idx, : logp.shape[1]] = logp.detach().to(logprobs_out.device, logprobs_out.dtype)
         weights = None
         if correction.name != "none":
             if mb.sampler_logprobs is None:
@@ -254,7 +260,7 @@ def policy_pass(policy, batch: TrainBatch, cfg, micro_batch_size: int, beta=None
             v = float(v)
             sums[k] = sums.get(k, 0.0) + (v if k == "loss" else v * w)
     for _ in range(idle):
-        with autocast(cfg.train.precision):
+        with autocast(cfg.train.precision, dev.type):
             idle_backward(policy, share)
     if is_sharded(policy):  # summed over ranks: zero-loss passes spent waiting for the busiest rank
         sums["idle_passes"] = float(idle)
@@ -269,17 +275,19 @@ def _global_stats(sums: dict) -> dict:
 
 
 def batched_forward(fn, prompt_ids, prompt_mask, completion_ids, completion_mask, micro_batch_size,
-                     share_prefix=False):
+                     share_prefix=False, device=None):
     """Run ``fn(prompt_ids, prompt_mask, completion_ids, completion_mask) -> [b, tc]`` over
     length-sorted, trimmed micro-batches; results in the original row order, zero-padded back to
-    ``[B, Tc]`` float32 (log-probs of the old/reference policy, critic values)."""
+    ``[B, Tc]`` float32 (log-probs of the old/reference policy, critic values) on the inputs'
+    device. ``device``: where ``fn``'s model is (each micro-batch is moved there and back)."""
     out = torch.zeros(completion_ids.shape, dtype=torch.float32, device=completion_ids.device)
+    move = (lambda t: t.to(device)) if device is not None else (lambda t: t)
     order = length_order(prompt_mask, completion_mask, _groups(prompt_ids, prompt_mask, share_prefix))
     for start in range(0, len(order), micro_batch_size):
         idx = order[start : start + micro_batch_size]
         p0, tc = _trim_bounds(prompt_mask[idx], completion_mask[idx])
-        out[idx, :tc] = fn(prompt_ids[idx, p0:], prompt_mask[idx, p0:], completion_ids[idx, :tc],
-                           completion_mask[idx, :tc]).float()
+        out[idx, :tc] = fn(move(prompt_ids[idx, p0:]), move(prompt_mask[idx, p0:]), move(completion_ids[idx, :tc]),
+                           move(completion_mask[idx, :tc])).float().to(out.device)
     return out
 
 
@@ -294,9 +302,11 @@ def batched_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_
     the old/reference log-probs are computed as the training forward computes the current ones.
     """
 
+    dev = next(model.parameters()).device
+
     def fn(*args):
-        with autocast(precision):
+        with autocast(precision, dev.type):
             return token_logprobs(model, *args, temperature=temperature, chunk=chunk, share_prefix=share_prefix)[0]
 
     return batched_forward(fn, prompt_ids, prompt_mask, completion_ids, completion_mask, micro_batch_size,
-                            share_prefix)
+                            share_prefix, device=dev)

@@ -123,6 +123,9 @@ def validate(cfg) -> None:
            f"rollout.batch_size={cfg.rollout.batch_size} with rollout={cfg.rollout.backend}: that engine schedules "
            "its own batches; leave rollout.batch_size at 0")
     _choice("model.dtype", cfg.model.dtype, ["float32", "bfloat16", "float16"])
+    _choice("model.device", cfg.model.device, ["auto", "cpu", "cuda"])
+    _check(cfg.model.device != "cuda" or gpu, "model.device=cuda: no CUDA device is visible on this machine "
+           "(torch.cuda.is_available() is False); use model.device=auto or cpu")
     _choice("train.precision", cfg.train.precision, ["fp32", "bf16-autocast", "auto"])
     _check(cfg.train.precision == "fp32" or cfg.model.dtype == "float32",
            f"train.precision={cfg.train.precision} with model.dtype={cfg.model.dtype}: mixed precision keeps "

@@ -126,6 +126,7 @@ KNOBS = {
     "model.name_or_path": check("check_model_name_or_path"),
     "model.dtype": math_("bfloat16", "loss"),
     "model.gradient_checkpointing": speed("true"),
+    "model.device": check("check_model_device"),
     "model.tiny_config": math_("{model_type:llama,hidden_size:16,intermediate_size:32,num_hidden_layers:1,"
                                "num_attention_heads:2,num_key_value_heads:1,tie_word_embeddings:true}", "weights"),
     # ---------------------------------------------------------------- rollout
@@ -399,6 +400,30 @@ def check_sharding(key, tmp_path, monkeypatch):
     validate(compose("train.sharding=fsdp2"))
     with pytest.raises(ConfigError, match="train.sharding=fsdp2 with rollout=vllm"):
         validate(compose("train.sharding=fsdp2", "rollout=vllm"))
+
+
+def check_model_device(key, tmp_path, monkeypatch):
+    """model.device: auto resolves to cpu here and to cuda:<LOCAL_RANK> where CUDA is visible;
+    cuda on this machine (no GPU) is refused naming the key; the run records where it trained
+    (tag ``device``). The GPU path itself is not run here (no GPU in CI)."""
+    import harness.distributed as dist
+    from harness.validate import ConfigError, validate
+    from tests.conftest import compose, run_job
+
+    assert dist.train_device("auto") == torch.device("cpu") == dist.train_device("cpu")
+    with pytest.raises(ConfigError, match="model.device=cuda: no CUDA device is visible"):
+        validate(compose("model.device=cuda"))
+    with pytest.raises(ConfigError, match="model.device='gpu'"):
+        validate(compose("model.device=gpu"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert dist.train_device("auto") == torch.device("cuda", 1) == dist.train_device("cuda")
+    assert dist.train_device("cpu") == torch.device("cpu")
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    _, run, _ = run_job("model.device=cpu", "train.steps=1")
+    assert run.data.tags["device"] == "cpu" and run.data.params["model.device"] == "cpu"
 
 
 def check_model_presets(key, tmp_path, monkeypatch):

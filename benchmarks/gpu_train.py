@@ -1,0 +1,85 @@
+"""The trainer on a GPU: a few real steps of ``python -m harness.run`` with ``model.device`` set,
+for a one-GPU machine (the device tool), within ~5 minutes.
+
+What it checks that CI cannot (no GPU there): the policy, reference and critic train on the GPU
+(the run's ``device`` tag), every micro-batch crosses to the device and back (the rollout batch
+stays on CPU), and the loss is finite, for GRPO with a KL term and for PPO with its critic; it
+prints and records step time, rollout/update time and peak CUDA memory per job.
+
+    python -m benchmarks.gpu_train                      # on the GPU machine: model=smollm2, preset=arith_cpu
+    python -m benchmarks.gpu_train --device cpu --tiny  # a dry run of the script itself, here
+
+Appends one JSON line per job to ``results/gpu_train.jsonl``. Multi-GPU (``torchrun`` with
+NCCL, ``train.sharding=fsdp2`` across GPUs) needs a machine with more than one GPU and is not
+covered here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+KEYS = ["time/step_s", "time/rollout_s", "time/update_s", "perf/peak_mem_gib", "perf/tokens_per_s", "train/loss"]
+TINY = ["model=tiny", "model.tiny_config.hidden_size=128", "model.tiny_config.num_attention_heads=2",
+        "model.tiny_config.num_key_value_heads=1", "model.tiny_config.intermediate_size=256",
+        "task=arith", "train.prompts_per_step=2", "group_size=4", "rollout.max_new_tokens=16", "eval.size=4"]
+JOBS = {"grpo_kl": ["beta=0.04"], "ppo_critic": ["advantage=ppo", "loss_agg=seq-mean-token-sum-norm"]}
+
+
+def run(job: str, overrides: list[str], folder: Path) -> dict:
+    """One ``python -m harness.run`` job in ``folder``; its MLflow record's device tag and metrics."""
+    from mlflow.tracking import MlflowClient
+
+    folder.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "harness.run", *overrides, "rollout.progress=false",
+           f"checkpoint.dir={folder / 'ck'}", f"tracking.uri=sqlite:///{folder / 'mlflow.db'}"]
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"{job}: {' '.join(cmd)} failed:\n{proc.stderr[-4000:]}")
+    client = MlflowClient(f"sqlite:///{folder / 'mlflow.db'}")
+    r = client.search_runs([client.get_experiment_by_name("grpo-harness").experiment_id])[0]
+    hist = {k: {m.step: m.value for m in client.get_metric_history(r.info.run_id, k)} for k in KEYS}
+    later = lambda k: [v for s, v in sorted(hist[k].items()) if s > 1] or list(hist[k].values())  # noqa: E731
+    return {"job": job, "device": r.data.tags.get("device"), "wall_s": round(wall, 1),
+            **{k: round(sum(later(k)) / max(len(later(k)), 1), 4) for k in KEYS if k != "train/loss"},
+            "loss": [hist["train/loss"][s] for s in sorted(hist["train/loss"])]}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--tiny", action="store_true", help="a tiny random model (dry run)")
+    ap.add_argument("--steps", type=int, default=3)
+    a = ap.parse_args(argv)
+    base = (TINY if a.tiny else ["model=smollm2", "preset=arith_cpu"]) + [f"model.device={a.device}",
+                                                                         f"train.steps={a.steps}"]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="gpu-train-") as tmp:
+        for job, extra in JOBS.items():
+            row = run(job, [*base, *extra], Path(tmp) / job)
+            assert row["device"] and row["device"].startswith(a.device), f"{job} trained on {row['device']}"
+            assert all(v == v and abs(v) < 1e6 for v in row["loss"]), f"{job}: loss {row['loss']}"
+            rows.append(row)
+    print("| job | device | wall s | step s | rollout s | update s | peak mem GiB | tokens/s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['job']} | {r['device']} | {r['wall_s']} | {r['time/step_s']:.2f} | {r['time/rollout_s']:.2f} | "
+              f"{r['time/update_s']:.2f} | {r['perf/peak_mem_gib']:.2f} | {r['perf/tokens_per_s']:.1f} |")
+    out = ROOT / "results" / "gpu_train.jsonl"
+    with out.open("a") as f:
+        for r in rows:
+            f.write(json.dumps({"date": time.strftime("%Y-%m-%d"), "overrides": base, **r}) + "\n")
+
+
+if __name__ == "__main__":
+    main()
