@@ -205,6 +205,7 @@ class Tracker:
         """
         record_path = Path(record_path)
         rec = _read_record(record_path)
+        key = {"config_key": config_key} if config_key else {}
         if not resume_id and config_key and rec and rec.get("config_key") not in (None, config_key):
             from harness.validate import ConfigError
 
@@ -220,11 +221,11 @@ class Tracker:
             log.info("adopting MLflow run %s of a killed attempt (no checkpoint yet)", self.run_id)
             how = "adopted"
         else:
-            _write_record(record_path, {"token": token, "run_id": None, "config_key": config_key})
+            _write_record(record_path, {"token": token, "run_id": None, **key})
             self.start(run_name, tags={**(tags or {}), "harness.run_token": token})
         if how != "new":
             token = (rec or {}).get("token") or token
-        _write_record(record_path, {"token": token, "run_id": self.run_id, "config_key": config_key})
+        _write_record(record_path, {"token": token, "run_id": self.run_id, **key})
         if recorded is not None and recorded.info.run_id != self.run_id and recorded.info.status == "RUNNING":
             self._call(self.client.set_tag, recorded.info.run_id, "harness.superseded_by", self.run_id)
             self._call(self.client.set_terminated, recorded.info.run_id, "KILLED")

@@ -434,8 +434,8 @@ class Trainer:
             history[step] = m
             self.tracker.queue(m, step=step)
             self.tracker.heartbeat()
-            for warning in self.health.check(step, m):
-                log.warning("%s", warning.message)
+            for warning in self.health.check(step, m):  # metrics are global: rank 0 says it once
+                (log.warning if w.is_main else log.debug)("%s", warning.message)
                 self.tracker.set_tags({warning.tag: warning.message})
             if self.on_step is not None:
                 self.on_step(self._last)
