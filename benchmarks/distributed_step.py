@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,25 +32,12 @@ KEYS = ["time/step_s", "time/rollout_s", "time/update_s", "perf/tokens_per_s", "
 
 def run(ranks: int, overrides: list[str], folder: Path, sharding: str = "none") -> dict:
     """One job in ``folder``; returns wall seconds and the per-step metrics of its MLflow run."""
-    from mlflow.tracking import MlflowClient
+    from benchmarks.jobs import run_job
 
-    folder.mkdir(parents=True, exist_ok=True)
-    args = [*overrides, f"train.sharding={sharding}", f"checkpoint.dir={folder / 'ck'}",
-            f"tracking.uri=sqlite:///{folder / 'mlflow.db'}"]
-    if ranks == 1:
-        cmd = [sys.executable, "-m", "harness.run", *args]
-    else:
-        torchrun = Path(sys.executable).parent / "torchrun"
-        cmd = [str(torchrun), "--standalone", f"--nproc_per_node={ranks}", "-m", "harness.run", *args]
-    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // ranks))}
-    env.pop("MLFLOW_TRACKING_URI", None)
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-4000:]}")
-    client = MlflowClient(f"sqlite:///{folder / 'mlflow.db'}")
-    runs = client.search_runs([client.get_experiment_by_name("grpo-harness").experiment_id])
+    launcher = None if ranks == 1 else [str(Path(sys.executable).parent / "torchrun"), "--standalone",
+                                        f"--nproc_per_node={ranks}"]
+    wall, client, runs = run_job([*overrides, f"train.sharding={sharding}"], folder, launcher,
+                                 env={"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // ranks))})
     rid = runs[0].info.run_id
     steps = {k: {m.step: m.value for m in client.get_metric_history(rid, k)} for k in KEYS + ["train/loss"]}
     return {"ranks": ranks, "sharding": sharding, "wall_s": wall, "runs": len(runs), "steps": steps}

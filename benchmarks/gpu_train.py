@@ -18,9 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -35,19 +32,10 @@ JOBS = {"grpo_kl": ["beta=0.04"], "ppo_critic": ["advantage=ppo", "loss_agg=seq-
 
 def run(job: str, overrides: list[str], folder: Path) -> dict:
     """One ``python -m harness.run`` job in ``folder``; its MLflow record's device tag and metrics."""
-    from mlflow.tracking import MlflowClient
+    from benchmarks.jobs import run_job
 
-    folder.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "harness.run", *overrides, "rollout.progress=false",
-           f"checkpoint.dir={folder / 'ck'}", f"tracking.uri=sqlite:///{folder / 'mlflow.db'}"]
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise SystemExit(f"{job}: {' '.join(cmd)} failed:\n{proc.stderr[-4000:]}")
-    client = MlflowClient(f"sqlite:///{folder / 'mlflow.db'}")
-    r = client.search_runs([client.get_experiment_by_name("grpo-harness").experiment_id])[0]
+    wall, client, runs = run_job([*overrides, "rollout.progress=false"], folder, cwd=ROOT)
+    r = runs[0]
     hist = {k: {m.step: m.value for m in client.get_metric_history(r.info.run_id, k)} for k in KEYS}
     later = lambda k: [v for s, v in sorted(hist[k].items()) if s > 1] or list(hist[k].values())  # noqa: E731
     return {"job": job, "device": r.data.tags.get("device"), "wall_s": round(wall, 1),

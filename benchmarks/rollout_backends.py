@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -84,26 +83,18 @@ def throughput(batches: list[int], new_tokens: int, repeats: int) -> list[dict]:
 
 
 def train(backend: str, steps: int, folder: Path) -> dict:
-    from mlflow.tracking import MlflowClient
+    from benchmarks.jobs import run_job
 
-    folder.mkdir(parents=True)
-    cmd = [sys.executable, "-m", "harness.run", f"rollout={backend}", "preset=arith_cpu", f"train.steps={steps}",
-           f"eval.every={max(steps // 2, 1)}", "checkpoint.every=0", "rollout.progress=false",
-           f"checkpoint.dir={folder / 'ck'}", f"tracking.uri=sqlite:///{folder / 'mlflow.db'}"]
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    t0 = time.time()
-    proc = subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True)
-    wall = time.time() - t0
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
-    client = MlflowClient(f"sqlite:///{folder / 'mlflow.db'}")
-    run = client.search_runs([client.get_experiment_by_name("grpo-harness").experiment_id])[0]
+    overrides = [f"rollout={backend}", "preset=arith_cpu", f"train.steps={steps}", f"eval.every={max(steps // 2, 1)}",
+                 "checkpoint.every=0", "rollout.progress=false"]
+    wall, client, runs = run_job(overrides, folder)
+    run = runs[0]
 
     def hist(key):
         return [(m.step, m.value) for m in sorted(client.get_metric_history(run.info.run_id, key),
                                                  key=lambda m: m.step)]
 
-    out = {"backend": backend, "steps": steps, "wall_s": wall, "command": " ".join(cmd[1:])}
+    out = {"backend": backend, "steps": steps, "wall_s": wall, "command": " ".join(["-m", "harness.run", *overrides])}
     for key in ("time/rollout_s", "time/step_s", "train/reward_mean", "eval/accuracy", "rollout/logprob_diff_mean",
                 "rollout/logprob_diff_max", "rollout/is_ratio_min", "rollout/is_ratio_max"):
         out[key] = hist(key)
