@@ -412,17 +412,21 @@ def full_state(model, optimizer=None) -> tuple[dict, dict | None]:
     """``(model state dict, optimizer state dict)`` with full tensors on CPU, in the format of the
     unsharded run (``module.state_dict()``, ``optimizer.state_dict()`` with integer parameter
     ids). For a sharded model this all-gathers (``torch.distributed.checkpoint.state_dict``): every
-    rank must call it; the optimizer's FQN keys are mapped back to ids in parameter order."""
+    rank must call it, rank 0 gets the full dicts (on CPU) and the other ranks empty ones; the
+    optimizer's FQN keys are mapped back to ids in parameter order."""
     if not is_sharded(model):
         return model.state_dict(), (optimizer.state_dict() if optimizer is not None else None)
     from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                          get_optimizer_state_dict)
 
-    opts = StateDictOptions(full_state_dict=True, cpu_offload=False)
+    # cpu_offload: each full tensor is gathered straight to rank 0's CPU (the other ranks get empty
+    # dicts), so a checkpoint never holds a whole model or optimizer on one GPU
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
     sd = {k: v.cpu() for k, v in get_model_state_dict(model, options=opts).items()}
     osd = None
     if optimizer is not None:
         fqn = get_optimizer_state_dict(model, optimizer, options=opts)
+        fqn = {"state": fqn.get("state", {}), "param_groups": fqn.get("param_groups", [])}
         ids = {n: i for i, n in enumerate(_names(model))}
         osd = {"state": {ids[n]: {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in st.items()}
                          for n, st in fqn["state"].items()},
