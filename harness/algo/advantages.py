@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from .registry import Registry
-from .utils import masked_mean, masked_sum, masked_var, shape_str
+from .utils import masked_mean, masked_var, shape_str
 
 OUTCOME_ESTIMATORS: Registry = Registry("outcome estimator")
 
@@ -92,10 +92,13 @@ class RLOOParams:
     """``advantage=rloo``: leave-one-out baseline (Kool et al. 2019, Ahmadian et al. 2024)."""
 
     name: str = "rloo"
-    # none: A = r - mean(others); loo_std: also divided by the std of the others where it is > 0
-    # (NeMo-RL use_leave_one_out_baseline + normalize_rewards)
+    # none: A = r - mean(others); loo_std: also divided by the std of the others where it is not
+    # zero (NeMo-RL use_leave_one_out_baseline + normalize_rewards)
     scale: str = "none"
-    eps: float = 0.0  # added to the leave-one-out std under scale=loo_std (NeMo-RL: 0, newer 1e-6)
+    eps: float = 0.0  # added to the leave-one-out std under scale=loo_std (NeMo-RL: 0 before PR #1423, 1e-6 since)
+    # loo_std's variance of the others: population (/ (n-1), NeMo-RL before PR #1423, 2025-11-13) or
+    # Bessel-corrected (/ (n-2), NeMo-RL since; recipe: unbiased=true eps=1e-6)
+    unbiased: bool = False
 
 
 @dataclass
@@ -120,7 +123,18 @@ _GRPO_SCALES: Dict[str, Callable[[Tensor, Tensor, bool, float], Tensor]] = {
 }
 
 
-@OUTCOME_ESTIMATORS.register("grpo", params=GRPOParams, grouped=True)
+# The invariances each estimator promises (checked by tests/test_properties.py): "permutation" of
+# a group's members permutes its advantages; "shift": r + c gives the same advantages; "scale":
+# c * r (c > 0) gives the same advantages (up to the eps added to a std); "scale_equivariant": c * r
+# gives c * A; "constant_zero": a group whose valid rewards are all equal gets exactly 0.
+_GROUP_BASE = ("permutation", "shift", "constant_zero")
+
+
+def _grpo_invariances(p: "GRPOParams"):
+    return {*_GROUP_BASE, "scale_equivariant" if p.scale == "none" else "scale"}
+
+
+@OUTCOME_ESTIMATORS.register("grpo", params=GRPOParams, grouped=True, invariances=_grpo_invariances)
 def grpo_advantages(rewards: Tensor, valid: Tensor, p: GRPOParams, state: Optional[Dict] = None) -> Tensor:
     """GRPO group-normalised advantage.
 
@@ -146,7 +160,8 @@ def grpo_advantages(rewards: Tensor, valid: Tensor, p: GRPOParams, state: Option
     return _finalise(adv, valid, degenerate)
 
 
-@OUTCOME_ESTIMATORS.register("mean_only", params=MeanOnlyParams, grouped=True)
+@OUTCOME_ESTIMATORS.register("mean_only", params=MeanOnlyParams, grouped=True,
+                             invariances=(*_GROUP_BASE, "scale_equivariant"))
 def mean_only_advantages(rewards: Tensor, valid: Tensor, p: MeanOnlyParams, state: Optional[Dict] = None) -> Tensor:
     """Dr. GRPO advantage: group-mean baseline without std normalisation.
 
@@ -164,12 +179,51 @@ def mean_only_advantages(rewards: Tensor, valid: Tensor, p: MeanOnlyParams, stat
 
 _RLOO_SCALES = ("none", "loo_std")
 
+# A leave-one-out std at or below this fraction of the group's largest |reward| counts as zero.
+# Rewards reach the estimators as float32: a spread of a few float32 ulps (eps = 1.2e-7) at the
+# group's scale cannot be told from rounding, and dividing by it would amplify rounding ~1e6-fold.
+# 8 ulps; the same threshold for every input dtype, so float32 and float64 inputs decide alike.
+LOO_STD_ZERO_RTOL = 8 * torch.finfo(torch.float32).eps
 
-@OUTCOME_ESTIMATORS.register("rloo", params=RLOOParams, grouped=True)
+
+def leave_one_out_stats(rewards: Tensor, valid: Tensor, unbiased: bool = False):
+    """Leave-one-out baseline and std of each member's group, in float64.
+
+    Shapes: ``rewards``, ``valid``: ``[P, G]`` -> ``(baseline, std, zero)``, each ``[P, G]``
+    float64 (``zero`` bool).
+
+    Formula: over the ``m = n - 1`` other valid members ``j != i`` of the group,
+    ``b_i = 1/m sum_j r_j`` and ``s_i^2 = sum_j (r_j - b_i)^2 / d`` with ``d = m`` (population)
+    or ``d = m - 1`` (``unbiased``, Bessel); ``s_i = 0`` where ``d < 1``. The variance is taken
+    from the deviations, in float64, never as ``mean(r^2) - b^2``: that form cancels
+    catastrophically in float32 (it left a std of ~4e-4 for seven equal rewards 0.95, and an
+    advantage of -2247 instead of -0.95). ``zero`` marks ``s_i <= LOO_STD_ZERO_RTOL * max_j |r_j|``
+    (the group's scale), i.e. the others agree up to float32 rounding.
+    """
+    r = rewards.to(torch.float64)
+    P, G = r.shape
+    off_diag = ~torch.eye(G, dtype=torch.bool, device=r.device)
+    others = valid.unsqueeze(1) & off_diag.unsqueeze(0)  # [P, i, j]: j is another valid member of i's group
+    m = others.sum(-1).to(torch.float64)  # [P, G]
+    zeros = torch.zeros((), dtype=torch.float64, device=r.device)
+    r_j = r.unsqueeze(1).expand(P, G, G)
+    baseline = torch.where(others, r_j, zeros).sum(-1) / m.clamp(min=1)
+    dev = torch.where(others, r_j - baseline.unsqueeze(-1), zeros)
+    d = m - 1 if unbiased else m
+    var = torch.where(d >= 1, dev.square().sum(-1) / d.clamp(min=1), zeros)
+    std = var.sqrt()
+    scale = torch.where(valid, r.abs(), zeros).amax(-1, keepdim=True)
+    return baseline, std, std <= LOO_STD_ZERO_RTOL * scale
+
+
+# loo_std is neither scale-invariant nor equivariant: a member whose others agree keeps r - b unscaled
+@OUTCOME_ESTIMATORS.register("rloo", params=RLOOParams, grouped=True, invariances=lambda p: {
+    *_GROUP_BASE, *(() if p.scale == "loo_std" else ("scale_equivariant",))})
 def rloo_advantages(rewards: Tensor, valid: Tensor, p: RLOOParams, state: Optional[Dict] = None) -> Tensor:
     """REINFORCE leave-one-out advantage, optionally scaled by the leave-one-out std.
 
-    Shapes: ``rewards``, ``valid``: ``[P, G]`` -> ``[P, G]``.
+    Shapes: ``rewards``, ``valid``: ``[P, G]`` -> ``[P, G]`` in ``rewards``' dtype (computed in
+    float64).
 
     Formula (Kool et al. 2019, "Buy 4 REINFORCE Samples, Get a Baseline for
     Free!"; Ahmadian et al. 2024, "Back to Basics", eq. for RLOO), over the ``n``
@@ -177,10 +231,14 @@ def rloo_advantages(rewards: Tensor, valid: Tensor, p: RLOOParams, state: Option
     ``A_i = r_i - b_i = n/(n-1) (r_i - mean)``.
 
     ``p.scale="loo_std"`` follows NeMo-RL (``grpo.use_leave_one_out_baseline`` with
-    ``grpo.normalize_rewards``, ``calculate_baseline_and_std_per_prompt``):
-    ``s_i = sqrt(mean_{j != i} r_j^2 - b_i^2)`` (population std of the others) and
-    ``A_i = (r_i - b_i) / (s_i + p.eps)`` where ``s_i > 0``; where ``s_i = 0`` (all other
-    members agree) ``A_i = r_i - b_i`` is left unscaled, so the advantage stays bounded.
+    ``grpo.normalize_rewards``, ``calculate_baseline_and_std_per_prompt``): ``s_i`` is the std
+    of the others (:func:`leave_one_out_stats`: population with ``p.unbiased=False``, NeMo-RL
+    before PR #1423; Bessel-corrected with ``p.unbiased=True``, NeMo-RL since, which also uses
+    ``eps=1e-6``) and ``A_i = (r_i - b_i) / (s_i + p.eps)``. Where the others agree
+    (``s_i`` zero up to float32 rounding, see ``LOO_STD_ZERO_RTOL``) ``A_i = r_i - b_i`` is
+    left unscaled, so the advantage stays bounded by the reward range (NeMo-RL's
+    "don't sharpen the ones with no variation"). Convention: the statistics are computed in
+    float64 from deviations, so a float32 batch gives the float64 result to float32 rounding.
 
     Raises:
         ValueError: ``p.scale`` not none/loo_std, or ``p.eps < 0``.
@@ -189,17 +247,12 @@ def rloo_advantages(rewards: Tensor, valid: Tensor, p: RLOOParams, state: Option
         raise ValueError(f"advantage.scale must be one of {list(_RLOO_SCALES)}; got {p.scale!r}")
     if p.eps < 0:
         raise ValueError(f"advantage.eps must be >= 0, got {p.eps}")
-    n, _, degenerate = _group_stats(rewards, valid)
-    others = torch.where(n > 1, n - 1, torch.ones_like(n)).to(rewards.dtype)
-    total = masked_sum(rewards, valid, dim=-1, keepdim=True)
-    baseline = (total - rewards) / others
-    adv = rewards - baseline
+    _, _, degenerate = _group_stats(rewards, valid)
+    baseline, loo_std, zero = leave_one_out_stats(rewards, valid, unbiased=p.unbiased)
+    adv = rewards.to(torch.float64) - baseline
     if p.scale == "loo_std":
-        total_sq = masked_sum(rewards.square(), valid, dim=-1, keepdim=True)
-        loo_var = ((total_sq - rewards.square()) / others - baseline.square()).clamp(min=0.0)
-        loo_std = loo_var.sqrt()
-        adv = torch.where(loo_std > 0, adv / (loo_std + p.eps), adv)
-    return _finalise(adv, valid, degenerate)
+        adv = torch.where(zero, adv, adv / (loo_std + p.eps))
+    return _finalise(adv.to(rewards.dtype), valid, degenerate)
 
 
 def _ema_baseline(rewards: Tensor, valid: Tensor, ema_decay: float, state) -> Tensor:
@@ -223,7 +276,9 @@ _REINFORCE_BASELINES: Dict[str, Callable] = {
 }
 
 
-@OUTCOME_ESTIMATORS.register("reinforce", params=ReinforceParams, grouped=False)
+@OUTCOME_ESTIMATORS.register("reinforce", params=ReinforceParams, grouped=False, invariances=lambda p: {
+    "none": ("permutation", "scale_equivariant"), "batch_mean": ("permutation", "shift", "scale_equivariant"),
+    "ema": ("permutation",)}[p.baseline])
 def reinforce_advantages(rewards: Tensor, valid: Tensor, p: ReinforceParams, state: Optional[Dict] = None) -> Tensor:
     """Vanilla REINFORCE advantage with a scalar baseline.
 
@@ -258,7 +313,8 @@ class GRPOPassKParams:
     scale: bool = True  # divide by the group's std (verl norm_adv_by_std_in_grpo)
 
 
-@OUTCOME_ESTIMATORS.register("grpo_passk", params=GRPOPassKParams, grouped=True)
+@OUTCOME_ESTIMATORS.register("grpo_passk", params=GRPOPassKParams, grouped=True, invariances=lambda p: {
+    *_GROUP_BASE, "scale" if p.scale else "scale_equivariant"})
 def grpo_passk_advantages(rewards: Tensor, valid: Tensor, p: GRPOPassKParams, state: Optional[Dict] = None) -> Tensor:
     """Pass@k advantage: only the group's best completion is credited.
 
@@ -331,7 +387,8 @@ def compute_advantages(
         )
     if not bool(torch.isfinite(rewards[valid]).all()):
         raise ValueError("rewards must be finite at valid positions (found NaN or inf)")
-    return spec.fn(rewards, valid, p, state)
+    # Convention: the group statistics are computed in float64 (see token_estimators.in_float64).
+    return spec.fn(rewards.to(torch.float64), valid, p, state).to(rewards.dtype)
 
 
 __all__ = [

@@ -31,16 +31,18 @@ KL_ESTIMATORS: Registry = Registry("KL estimator")
 _K3_LOG_RATIO_BOUND = 20.0
 
 
-def _register(*names: str) -> Callable:
+def _register(*names: str, invariances=()) -> Callable:
     def decorator(fn: Callable) -> Callable:
         for name in names:
-            KL_ESTIMATORS.register(name)(fn)
+            KL_ESTIMATORS.register(name, invariances=invariances)(fn)
         return fn
 
     return decorator
 
 
-@_register("k1", "kl")
+# Invariances (tests/test_properties.py): "zero_at_equal": logp == logref gives exactly 0;
+# "nonnegative": never below 0.
+@_register("k1", "kl", invariances=("zero_at_equal",))
 def kl_k1(logprobs: Tensor, ref_logprobs: Tensor, clamp: Optional[float] = None) -> Tensor:
     """k1 estimator: ``logp - logref``. Shapes ``[B, T], [B, T] -> [B, T]``.
 
@@ -51,7 +53,7 @@ def kl_k1(logprobs: Tensor, ref_logprobs: Tensor, clamp: Optional[float] = None)
     return kl if clamp is None else kl.clamp(-clamp, clamp)
 
 
-@_register("k2", "mse")
+@_register("k2", "mse", invariances=("zero_at_equal", "nonnegative"))
 def kl_k2(logprobs: Tensor, ref_logprobs: Tensor, clamp: Optional[float] = None) -> Tensor:
     """k2 estimator: ``0.5 * (logp - logref)^2``. Shapes ``[B, T], [B, T] -> [B, T]``.
 
@@ -62,9 +64,12 @@ def kl_k2(logprobs: Tensor, ref_logprobs: Tensor, clamp: Optional[float] = None)
     return kl if clamp is None else kl.clamp(-clamp, clamp)
 
 
-@_register("k3", "low_var_kl")
+@_register("k3", "low_var_kl", invariances=("zero_at_equal", "nonnegative"))
 def kl_k3(logprobs: Tensor, ref_logprobs: Tensor, clamp: Optional[float] = None) -> Tensor:
     """k3 estimator: ``exp(logref - logp) - (logref - logp) - 1``. ``[B, T] -> [B, T]``.
+
+    Computed as ``expm1(x) - x`` with ``x = logref - logp`` (exact same value, no cancellation
+    near ``x = 0``).
 
     Source: Schulman 2020 blog, k3; DeepSeekMath eq. 4; verl ``low_var_kl``.
     With ``clamp`` set (verl uses 10), ``logref - logp`` is first clamped to
@@ -74,7 +79,10 @@ def kl_k3(logprobs: Tensor, ref_logprobs: Tensor, clamp: Optional[float] = None)
     log_r = ref_logprobs - logprobs
     if clamp is not None:
         log_r = log_r.clamp(-_K3_LOG_RATIO_BOUND, _K3_LOG_RATIO_BOUND)
-    kl = torch.exp(log_r) - log_r - 1.0
+    # expm1(x) - x: the same value as exp(x) - x - 1 in exact arithmetic, without the cancellation
+    # of exp(x) - 1 near x = 0 (where the policy sits next to its reference); clamped at 0, the
+    # exact minimum, so rounding never makes the estimate negative.
+    kl = (torch.expm1(log_r) - log_r).clamp(min=0.0)
     return kl if clamp is None else kl.clamp(-clamp, clamp)
 
 

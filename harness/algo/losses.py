@@ -280,28 +280,34 @@ class Normalizers:
     max_len: Optional[Number] = None
 
 
+# Invariances (tests/test_properties.py): "permutation" of rows, "scale_equivariant" (c * loss gives
+# c * the aggregate), "micro_batch_additive" (with the whole batch's normalisers, the sum over
+# micro-batches of rows equals the whole batch's value).
+_AGG_INVARIANCES = ("permutation", "scale_equivariant", "micro_batch_additive")
+
+
 def _seq_count(p, norm: Normalizers) -> Number:
     return norm.num_rows if p.count_masked_rows else norm.num_seqs
 
 
-@LOSS_AGGREGATIONS.register("token-mean", params=TokenMeanParams)
+@LOSS_AGGREGATIONS.register("token-mean", params=TokenMeanParams, invariances=_AGG_INVARIANCES)
 def _token_mean(loss, mask, p: TokenMeanParams, norm: Normalizers) -> Tensor:
     return masked_sum(loss, mask) / norm.num_tokens
 
 
-@LOSS_AGGREGATIONS.register("seq-mean-token-mean", params=SeqMeanTokenMeanParams)
+@LOSS_AGGREGATIONS.register("seq-mean-token-mean", params=SeqMeanTokenMeanParams, invariances=_AGG_INVARIANCES)
 def _seq_mean_token_mean(loss, mask, p: SeqMeanTokenMeanParams, norm: Normalizers) -> Tensor:
     lengths = mask.to(loss.dtype).sum(dim=-1)
     per_seq = _row_sums(loss, mask) / torch.where(lengths > 0, lengths, torch.ones_like(lengths))
     return per_seq.sum() / _seq_count(p, norm)
 
 
-@LOSS_AGGREGATIONS.register("seq-mean-token-sum", params=SeqMeanTokenSumParams)
+@LOSS_AGGREGATIONS.register("seq-mean-token-sum", params=SeqMeanTokenSumParams, invariances=_AGG_INVARIANCES)
 def _seq_mean_token_sum(loss, mask, p: SeqMeanTokenSumParams, norm: Normalizers) -> Tensor:
     return _row_sums(loss, mask).sum() / _seq_count(p, norm)
 
 
-@LOSS_AGGREGATIONS.register("seq-mean-token-sum-norm", params=SeqMeanTokenSumNormParams)
+@LOSS_AGGREGATIONS.register("seq-mean-token-sum-norm", params=SeqMeanTokenSumNormParams, invariances=_AGG_INVARIANCES)
 def _seq_mean_token_sum_norm(loss, mask, p: SeqMeanTokenSumNormParams, norm: Normalizers) -> Tensor:
     constant = p.constant if p.constant is not None else norm.max_len
     if constant is None:

@@ -32,6 +32,10 @@ from .utils import masked_mean
 
 POLICY_LOSSES: Registry = Registry("policy loss")
 
+# Invariances (tests/test_properties.py): "permutation": permuting the rows permutes the per-token
+# loss; "scale_equivariant": c * A (c > 0) gives c * loss; "zero_advantage": A = 0 gives loss 0.
+_LINEAR = ("permutation", "scale_equivariant", "zero_advantage")
+
 Stats = Dict[str, Tensor]
 
 
@@ -68,7 +72,7 @@ class PPOClipParams:
     dual_clip: Optional[float] = None  # dual-clip constant c > 1 for A < 0 (verl clip_ratio_c=3)
 
 
-@POLICY_LOSSES.register("ppo_clip", params=PPOClipParams)
+@POLICY_LOSSES.register("ppo_clip", params=PPOClipParams, invariances=_LINEAR)
 def ppo_clip(logprobs, old_logprobs, advantages, mask, p: PPOClipParams, weights=None) -> Tuple[Tensor, Stats]:
     """PPO clipped surrogate per token (Schulman et al. 2017, eq. 7), decoupled clip range
     (DAPO "Clip-Higher", Yu et al. 2025 sec. 3.1) and dual-clip (Ye et al. 2020 sec. 3.3):
@@ -95,7 +99,7 @@ class GSPOParams:
     epsilon_high: float = 4e-4  # and right clip range 4e-4 (sequence ratios sit very near 1)
 
 
-@POLICY_LOSSES.register("gspo", params=GSPOParams, aggregation="seq-mean-token-mean")
+@POLICY_LOSSES.register("gspo", params=GSPOParams, aggregation="seq-mean-token-mean", invariances=_LINEAR)
 def gspo(logprobs, old_logprobs, advantages, mask, p: GSPOParams, weights=None) -> Tuple[Tensor, Stats]:
     """GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization", eqs. 5-7, GSPO-token):
     the length-normalised sequence ratio ``s_i = exp(mean_t log(pi / pi_old))`` clipped to
@@ -122,7 +126,7 @@ class CISPOParams:
     epsilon_high: float = 4.0  # upper bound 1 + 4 = 5 (TRL's cispo caps the ratio at epsilon_high=5)
 
 
-@POLICY_LOSSES.register("cispo", params=CISPOParams)
+@POLICY_LOSSES.register("cispo", params=CISPOParams, invariances=_LINEAR)
 def cispo(logprobs, old_logprobs, advantages, mask, p: CISPOParams, weights=None) -> Tuple[Tensor, Stats]:
     """CISPO (MiniMax 2025, "MiniMax-M1", sec. 3.1, eq. 4): REINFORCE with a clipped,
     stop-gradient importance weight, so no token loses its gradient:
@@ -153,7 +157,7 @@ class SAPOParams:
     tau_neg: float = 1.05  # for A <= 0: tau_neg > tau_pos decays negative-token gradients faster
 
 
-@POLICY_LOSSES.register("sapo", params=SAPOParams, aggregation="seq-mean-token-mean")
+@POLICY_LOSSES.register("sapo", params=SAPOParams, aggregation="seq-mean-token-mean", invariances=_LINEAR)
 def sapo(logprobs, old_logprobs, advantages, mask, p: SAPOParams, weights=None) -> Tuple[Tensor, Stats]:
     """SAPO (Gao et al. 2025, "Soft Adaptive Policy Optimization"): a smooth gate replaces the
     hard clip, ``L = -f_tau(r) A`` with ``f_tau(r) = sigmoid(tau (r - 1)) * 4 / tau``, ``tau =
@@ -187,7 +191,7 @@ class GMPOParams:
     epsilon_high: Optional[float] = None  # high side; None = epsilon
 
 
-@POLICY_LOSSES.register("gmpo", params=GMPOParams, aggregation="seq-mean-token-mean")
+@POLICY_LOSSES.register("gmpo", params=GMPOParams, aggregation="seq-mean-token-mean", invariances=_LINEAR)
 def gmpo(logprobs, old_logprobs, advantages, mask, p: GMPOParams, weights=None) -> Tuple[Tensor, Stats]:
     """GMPO (Zhao et al. 2025, "Geometric-Mean Policy Optimization", eq. 4): the sequence
     objective is the geometric mean of the clipped token ratios, clipped in log space,
@@ -220,9 +224,13 @@ def gmpo(logprobs, old_logprobs, advantages, mask, p: GMPOParams, weights=None) 
 
 
 def _covariance(adv: Tensor, logprobs: Tensor, mask: Tensor) -> Tensor:
-    """Per-token ``(A - mean A)(log pi - mean log pi)`` with means over the valid tokens."""
-    lp = logprobs.detach()
-    return (adv - masked_mean(adv, mask)) * (lp - masked_mean(lp, mask))
+    """Per-token ``(A - mean A)(log pi - mean log pi)`` with means over the valid tokens.
+
+    Computed in float64: the selections built on it (a window, a top-k) then pick the same
+    tokens from a float32 batch as from its float64 image, however close the covariances lie.
+    """
+    a, lp, m = adv.detach().double(), logprobs.detach().double(), mask.double()
+    return (a - masked_mean(a, m)) * (lp - masked_mean(lp, m))
 
 
 @dataclass
@@ -237,7 +245,7 @@ class ClipCovParams:
     clip_cov_ub: float = 5.0
 
 
-@POLICY_LOSSES.register("clip_cov", params=ClipCovParams)
+@POLICY_LOSSES.register("clip_cov", params=ClipCovParams, invariances=("zero_advantage",))
 def clip_cov(logprobs, old_logprobs, advantages, mask, p: ClipCovParams, weights=None) -> Tuple[Tensor, Stats]:
     """Clip-Cov (Cui et al. 2025, "The Entropy Mechanism of Reinforcement Learning for Reasoning
     Language Models", sec. 4, Alg. 1): the PPO-clip loss, with the gradient detached on
@@ -274,7 +282,7 @@ class KLCovParams:
     ppo_kl_coef: float = 1.0  # coefficient of |log r| on those tokens
 
 
-@POLICY_LOSSES.register("kl_cov", params=KLCovParams)
+@POLICY_LOSSES.register("kl_cov", params=KLCovParams, invariances=())
 def kl_cov(logprobs, old_logprobs, advantages, mask, p: KLCovParams, weights=None) -> Tuple[Tensor, Stats]:
     """KL-Cov (Cui et al. 2025, sec. 4, Alg. 2): the unclipped surrogate ``-r A``, plus
     ``ppo_kl_coef * |log r|`` on the ``max(1, floor(kl_cov_ratio * N))`` valid tokens with the
@@ -310,7 +318,7 @@ class PGParams:
     name: str = "pg"
 
 
-@POLICY_LOSSES.register("pg", params=PGParams)
+@POLICY_LOSSES.register("pg", params=PGParams, invariances=_LINEAR)
 def pg(logprobs, old_logprobs, advantages, mask, p: PGParams, weights=None) -> Tuple[Tensor, Stats]:
     """Vanilla policy gradient ``L = -A log pi`` (Williams 1992; GPG, Chu et al. 2025, "GPG: A
     Simple and Strong Reinforcement Learning Baseline", eq. 3; verl ``gpg``). Off-policy data

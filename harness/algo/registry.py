@@ -23,6 +23,12 @@ serves three purposes:
 ``needs`` declares the extra inputs a variant requires (``"values"`` for a critic,
 ``"step_rewards"`` for process supervision), so the trainer computes what is declared without
 knowing any variant by name.
+
+``invariances`` declares the exact properties a variant promises (e.g. ``"shift"``: adding a
+constant to every reward leaves the advantages unchanged), as names or as a function of its
+params when they depend on them. ``tests/test_properties.py`` enumerates the registries and
+checks each declared property on generated batches, so a new variant is covered without edits
+to the test; the vocabulary of each registry is documented there.
 """
 
 from __future__ import annotations
@@ -44,6 +50,14 @@ class Variant:
     grouped: bool = False
     needs: FrozenSet[str] = field(default_factory=frozenset)
     aggregation: Optional[str] = None  # the loss aggregation the variant's paper prescribes (policy losses)
+    invariances: Any = frozenset()  # names, or fn(params) -> names: properties the variant promises
+
+    def invariances_for(self, params: Any = None) -> FrozenSet[str]:
+        """The declared invariances under ``params`` (the defaults when None)."""
+        inv = self.invariances
+        if callable(inv):
+            inv = inv(params if params is not None else self.build())
+        return frozenset(inv)
 
     def param_names(self) -> List[str]:
         """Names of the tunable fields (``name`` excluded)."""
@@ -97,7 +111,8 @@ class Registry(Generic[F]):
         self._items: Dict[str, Variant] = {}
 
     def register(self, name: str, *, params: Optional[type] = None, grouped: bool = False,
-                 needs: tuple = (), aggregation: Optional[str] = None) -> Callable[[F], F]:
+                 needs: tuple = (), aggregation: Optional[str] = None,
+                 invariances: Any = ()) -> Callable[[F], F]:
         """Decorator registering ``fn`` under ``name`` and returning ``fn`` unchanged.
 
         Args:
@@ -106,6 +121,7 @@ class Registry(Generic[F]):
             grouped: the variant needs groups of ``G >= 2`` completions per prompt.
             needs: extra inputs the trainer must compute (e.g. ``("values",)``).
             aggregation: the ``loss_agg`` mode the variant's source prescribes, if any.
+            invariances: the properties the variant promises (names, or ``fn(params) -> names``).
         """
         if not isinstance(name, str) or not name:
             raise ValueError(f"{self.kind} name must be a non-empty string, got {name!r}")
@@ -118,7 +134,8 @@ class Registry(Generic[F]):
         def decorator(fn: F) -> F:
             if name in self._items:
                 raise ValueError(f"{self.kind} {name!r} is already registered")
-            self._items[name] = Variant(name, fn, params, grouped, frozenset(needs), aggregation)
+            inv = invariances if callable(invariances) else frozenset(invariances)
+            self._items[name] = Variant(name, fn, params, grouped, frozenset(needs), aggregation, inv)
             return fn
 
         return decorator

@@ -76,21 +76,23 @@ def _check(log_ratio: Tensor, mask: Tensor, cap: float) -> None:
         raise ValueError(f"rollout_correction.cap must be > 0, got {cap}")
 
 
-@ROLLOUT_CORRECTIONS.register("none", params=NoCorrectionParams)
+# Invariances (tests/test_properties.py): "permutation" of rows; "on_policy_ones": log_ratio = 0
+# gives weight 1 on every valid token (None for "none"); "capped": no weight exceeds ``cap``.
+@ROLLOUT_CORRECTIONS.register("none", params=NoCorrectionParams, invariances=("permutation", "on_policy_ones"))
 def no_correction(log_ratio: Tensor, mask: Tensor, p: NoCorrectionParams):
     """No weight (returns None)."""
     _check(log_ratio, mask, p.cap)
     return None
 
 
-@ROLLOUT_CORRECTIONS.register("token_truncate", params=TokenTruncateParams)
+@ROLLOUT_CORRECTIONS.register("token_truncate", params=TokenTruncateParams, invariances=("permutation", "on_policy_ones", "capped"))
 def token_truncate(log_ratio: Tensor, mask: Tensor, p: TokenTruncateParams) -> Tensor:
     """``min(exp(log_ratio), C)`` per token, 0 at masked positions. Shapes ``[B, T]``."""
     _check(log_ratio, mask, p.cap)
     return torch.exp(log_ratio).clamp(max=p.cap) * mask
 
 
-@ROLLOUT_CORRECTIONS.register("token_mask", params=TokenMaskParams)
+@ROLLOUT_CORRECTIONS.register("token_mask", params=TokenMaskParams, invariances=("permutation", "on_policy_ones", "capped"))
 def token_mask(log_ratio: Tensor, mask: Tensor, p: TokenMaskParams) -> Tensor:
     """``exp(log_ratio)`` per token where it is <= C, else 0. Shapes ``[B, T]``."""
     _check(log_ratio, mask, p.cap)
@@ -103,7 +105,7 @@ def sequence_log_ratio(log_ratio: Tensor, mask: Tensor) -> Tensor:
     return (log_ratio * mask).sum(dim=1)
 
 
-@ROLLOUT_CORRECTIONS.register("sequence_truncate", params=SequenceTruncateParams)
+@ROLLOUT_CORRECTIONS.register("sequence_truncate", params=SequenceTruncateParams, invariances=("permutation", "on_policy_ones", "capped"))
 def sequence_truncate(log_ratio: Tensor, mask: Tensor, p: SequenceTruncateParams) -> Tensor:
     """``min(exp(sum_t log_ratio_t), C)`` on every token of the sequence. Shapes ``[B, T]``."""
     _check(log_ratio, mask, p.cap)
@@ -111,7 +113,7 @@ def sequence_truncate(log_ratio: Tensor, mask: Tensor, p: SequenceTruncateParams
     return rho[:, None] * mask
 
 
-@ROLLOUT_CORRECTIONS.register("sequence_mask", params=SequenceMaskParams)
+@ROLLOUT_CORRECTIONS.register("sequence_mask", params=SequenceMaskParams, invariances=("permutation", "on_policy_ones", "capped"))
 def sequence_mask(log_ratio: Tensor, mask: Tensor, p: SequenceMaskParams) -> Tensor:
     """``exp(sum_t log_ratio_t)`` on every token where it is <= C, else the sequence weighs 0."""
     _check(log_ratio, mask, p.cap)

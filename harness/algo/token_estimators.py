@@ -15,6 +15,8 @@ each row's valid tokens (``grpo``, ``mean_only``, ``rloo``, ``reinforce``),
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import numbers
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional, Tuple
@@ -101,6 +103,36 @@ def _check_ctx(ctx: AdvantageContext, name: str) -> Tuple[int, int]:
     return P, G
 
 
+def _f64(x):
+    return x.to(torch.float64) if isinstance(x, Tensor) and x.is_floating_point() else x
+
+
+def in_float64(fn: Callable) -> Callable:
+    """Run estimator ``fn`` in float64 and return its outputs in the dtype of ``ctx.token_rewards``.
+
+    Convention (every registered estimator): group and batch statistics (means, stds,
+    whitening, leave-one-out terms, GAE) are computed in float64 on the float64 image of the
+    inputs, so a float32 batch gives the float64 result up to the final rounding to float32.
+    Computed in float32, near-constant groups and batches lose most of their digits to
+    cancellation (NeMo-RL #4158 / PR #4161); the tensors are ``[P, G]`` and ``[B, T]``, so the
+    cost is negligible next to the model.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(ctx: AdvantageContext, p) -> AdvantageOutput:
+        if not isinstance(ctx, AdvantageContext):
+            raise ValueError(f"ctx must be an AdvantageContext, got {type(ctx).__name__}")
+        tr = ctx.token_rewards
+        dtype = tr.dtype if isinstance(tr, Tensor) and tr.is_floating_point() else torch.get_default_dtype()
+        wide = dataclasses.replace(ctx, scores=_f64(ctx.scores), token_rewards=_f64(tr), values=_f64(ctx.values),
+                                   greedy_scores=_f64(ctx.greedy_scores))
+        out = fn(wide, p)
+        return AdvantageOutput(advantages=out.advantages.to(dtype),
+                               returns=None if out.returns is None else out.returns.to(dtype))
+
+    return wrapper
+
+
 def _float_mask(ctx: AdvantageContext) -> Tensor:
     tr = ctx.token_rewards
     dtype = tr.dtype if tr.is_floating_point() else torch.get_default_dtype()
@@ -141,7 +173,8 @@ def _make_outcome_estimator(name: str) -> Callable:
 
 for _name in OUTCOME_ESTIMATORS.names():
     _spec = OUTCOME_ESTIMATORS.spec(_name)
-    TOKEN_ESTIMATORS.register(_name, params=_spec.params, grouped=_spec.grouped)(_make_outcome_estimator(_name))
+    TOKEN_ESTIMATORS.register(_name, params=_spec.params, grouped=_spec.grouped, invariances=_spec.invariances)(
+        in_float64(_make_outcome_estimator(_name)))
 
 
 # --------------------------------------------------------------------------- REINFORCE++
@@ -165,7 +198,9 @@ class ReinforcePPBaselineParams:
     unbiased: bool = True
 
 
-@TOKEN_ESTIMATORS.register("reinforce_pp", params=ReinforcePPParams, grouped=False)
+@TOKEN_ESTIMATORS.register("reinforce_pp", params=ReinforcePPParams, grouped=False,
+                           invariances=("permutation", "shift", "scale"))
+@in_float64
 def reinforce_pp(ctx: AdvantageContext, p: ReinforcePPParams) -> AdvantageOutput:
     """REINFORCE++ advantage: batch-whitened discounted return-to-go.
 
@@ -187,7 +222,9 @@ def reinforce_pp(ctx: AdvantageContext, p: ReinforcePPParams) -> AdvantageOutput
     return AdvantageOutput(advantages=masked_whiten(returns, m, unbiased=p.unbiased))
 
 
-@TOKEN_ESTIMATORS.register("reinforce_pp_baseline", params=ReinforcePPBaselineParams, grouped=True)
+@TOKEN_ESTIMATORS.register("reinforce_pp_baseline", params=ReinforcePPBaselineParams, grouped=True,
+                           invariances=("permutation", "shift", "scale"))
+@in_float64
 def reinforce_pp_baseline(ctx: AdvantageContext, p: ReinforcePPBaselineParams) -> AdvantageOutput:
     """REINFORCE++-baseline: group-mean baseline, return-to-go, batch whitening.
 
@@ -234,7 +271,8 @@ class PPOParams:
     unbiased: bool = True  # whitening variance: Bessel-corrected (verl) or population (OpenRLHF)
 
 
-@TOKEN_ESTIMATORS.register("ppo", params=PPOParams, grouped=False, needs=("values",))
+@TOKEN_ESTIMATORS.register("ppo", params=PPOParams, grouped=False, needs=("values",), invariances=("permutation",))
+@in_float64
 def ppo(ctx: AdvantageContext, p: PPOParams) -> AdvantageOutput:
     """PPO advantages from GAE with a critic.
 
@@ -269,7 +307,9 @@ class ReMaxParams:
     name: str = "remax"
 
 
-@TOKEN_ESTIMATORS.register("remax", params=ReMaxParams, grouped=False, needs=("greedy",))
+@TOKEN_ESTIMATORS.register("remax", params=ReMaxParams, grouped=False, needs=("greedy",),
+                           invariances=("permutation", "shift", "scale_equivariant"))
+@in_float64
 def remax(ctx: AdvantageContext, p: ReMaxParams) -> AdvantageOutput:
     """ReMax advantage: ``A_pg = r_pg - r_greedy(p)`` on every valid token.
 
@@ -299,7 +339,9 @@ class OPOParams:
     name: str = "opo"
 
 
-@TOKEN_ESTIMATORS.register("opo", params=OPOParams, grouped=True)
+@TOKEN_ESTIMATORS.register("opo", params=OPOParams, grouped=True,
+                           invariances=("permutation", "shift", "scale_equivariant", "constant_zero"))
+@in_float64
 def opo(ctx: AdvantageContext, p: OPOParams) -> AdvantageOutput:
     """OPO advantage: ``A_i = r_i - b``, ``b = sum_j L_j r_j / sum_j L_j`` over the group.
 
@@ -337,7 +379,9 @@ class ProcessParams:
     unbiased: bool = True
 
 
-@TOKEN_ESTIMATORS.register("process", params=ProcessParams, grouped=True, needs=("step_rewards",))
+@TOKEN_ESTIMATORS.register("process", params=ProcessParams, grouped=True, needs=("step_rewards",),
+                           invariances=("permutation", "shift", "scale", "constant_zero"))
+@in_float64
 def process(ctx: AdvantageContext, p: ProcessParams) -> AdvantageOutput:
     """GRPO with process supervision (per-step rewards).
 
