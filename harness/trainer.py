@@ -304,7 +304,8 @@ class Trainer:
                   "time/rollout_s", "time/reward_s"):
             metrics[k] = w.max(metrics[k])  # the slowest rank sets the step's pace
         if "train/kl" in metrics:  # the controller sets the next step's coefficient
-            self.kl_coef = self.kl_controller(self.kl_coef, metrics["train/kl"], batch.num_sequences,
+            # n_samples: the step's completions over all ranks (grew is gathered), as one process has
+            self.kl_coef = self.kl_controller(self.kl_coef, metrics["train/kl"], int(grew.rewards.numel()),
                                               cfg.kl.target, cfg.kl.horizon)
         self._last = StepRecord(self.step, batch, rew, ctx.scores[first // G : (first + n_local) // G], local_adv,
                                 local_returns, loss_mask, metrics, greedy, self._first_logprobs)

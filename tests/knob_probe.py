@@ -104,7 +104,7 @@ def probe(*overrides, reward: str = "hash", eos: bool = True) -> dict:
 
     Args:
         overrides: Hydra overrides on top of :data:`BASE`.
-        reward: ``hash`` or ``zero`` verdicts.
+        reward: ``hash`` or ``zero`` verdicts, or a function ``(completions, golds) -> verdicts``.
         eos: set the EOS direction (varied lengths); without it greedy decoding runs to the cap.
     """
     from harness.run import build_components, prepare
@@ -120,7 +120,7 @@ def probe(*overrides, reward: str = "hash", eos: bool = True) -> dict:
         if eos:
             with torch.no_grad():
                 head[tok.eos_token_id] = (d / d.norm() * EOS_NORM).to(head.dtype)
-        task.score = hash_verdicts if reward == "hash" else zero_verdicts
+        task.score = reward if callable(reward) else hash_verdicts if reward == "hash" else zero_verdicts
         rec, records, tracker = RecordingBackend(backend), [], MemoryTracker()
         trainer = Trainer(cfg, task, tok, policy, rec, tracker, critic=critic, on_step=records.append)
         history = trainer.fit()

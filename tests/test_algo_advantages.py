@@ -334,3 +334,40 @@ def test_every_estimator_declares_its_params_once():
         sig = inspect.signature(spec.fn)
         assert list(sig.parameters) == ["ctx", "p"], (name, list(sig.parameters))
         assert all(p.default is inspect.Parameter.empty for p in sig.parameters.values()), name
+
+
+def _nemo_rl_loo(rewards: torch.Tensor, bessel: bool, eps: float) -> torch.Tensor:
+    """NeMo-RL's ``calculate_baseline_and_std_per_prompt`` (leave-one-out) followed by its GRPO
+    estimator's ``normalize_rewards``, written out from their formulas in float64: per member,
+    ``b = mean of the others``, ``std = sqrt(mean of the others' squares - b^2)``, times
+    ``m / (m - 1)`` under the variance since PR #1423 (``m`` others; NaN -> 0), and
+    ``A = (r - b) / (std + eps)`` where ``std > 0``, else ``r - b``."""
+    out = torch.empty_like(rewards, dtype=torch.float64)
+    for p, row in enumerate(rewards.double()):
+        n = len(row)
+        for i in range(n):
+            others = torch.cat([row[:i], row[i + 1:]])
+            m = n - 1
+            b = others.sum() / m
+            var = (others.square().sum() / m - b * b)
+            if bessel:
+                var = var * (m / (m - 1)) if m > 1 else torch.tensor(float("nan"))
+            std = torch.nan_to_num(var.clamp(min=0).sqrt(), 0.0)
+            out[p, i] = (row[i] - b) / (std + eps) if std > 0 else row[i] - b
+    return out
+
+
+def test_rloo_loo_std_matches_nemo_rl_before_and_after_pr_1423():
+    """Golden: NeMo-RL's leave-one-out std, population (before PR #1423, 2025-11-13, eps 0) and
+    Bessel-corrected with eps 1e-6 (since), on 4 groups of G=5; the two differ by sqrt(4/3)."""
+    r = torch.tensor([[0.0, 1.0, 1.0, 0.5, 0.2], [1.0, 0.0, 0.0, 0.0, 0.3],
+                      [0.7, 0.7, 0.1, 0.9, 0.4], [0.25, 1.0, 0.0, 1.0, 0.0]], dtype=torch.float64)
+    old = compute_advantages(r, "rloo", scale="loo_std")
+    new = compute_advantages(r, "rloo", scale="loo_std", unbiased=True, eps=1e-6)
+    torch.testing.assert_close(old, _nemo_rl_loo(r, bessel=False, eps=0.0), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(new, _nemo_rl_loo(r, bessel=True, eps=1e-6), rtol=1e-12, atol=1e-12)
+    # the knob is on: every member's scale differs by sqrt(m/(m-1)) = sqrt(4/3) (eps aside)
+    assert (old / new).flatten().tolist() == pytest.approx([(4 / 3) ** 0.5] * 20, rel=1e-5)
+    # G = 2: one other member, no Bessel-corrected spread: NeMo-RL's NaN -> 0, unscaled r - b
+    two = torch.tensor([[0.0, 1.0]], dtype=torch.float64)
+    assert compute_advantages(two, "rloo", scale="loo_std", unbiased=True).tolist() == [[-1.0, 1.0]]

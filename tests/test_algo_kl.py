@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from harness.algo import KL_ESTIMATORS, kl_penalty
+from harness.algo import KL_CONTROLLERS, KL_ESTIMATORS, kl_penalty
 
 LOGP = torch.tensor([[-1.0]])
 REF = torch.tensor([[-1.5]])
@@ -58,3 +58,30 @@ def test_errors_list_valid_names():
         kl_penalty(LOGP, torch.zeros(1, 2), "k1")
     with pytest.raises(ValueError, match="clamp"):
         kl_penalty(LOGP, REF, "k3", clamp=0.0)
+
+
+def _verl_adaptive(value: float, current_kl: float, n_steps: int, target: float, horizon: int) -> float:
+    """verl ``AdaptiveKLController.update`` (core_algos.py), written out from its formula."""
+    err = min(max(current_kl / target - 1, -0.2), 0.2)
+    return value * (1 + err * n_steps / horizon)
+
+
+def test_adaptive_kl_controller_hand_values_verl_golden_and_floor():
+    adaptive = KL_CONTROLLERS.get("adaptive")
+    # hand values: KL at half the target -> e = -0.2 (clipped from -0.5); 16 samples over 100
+    assert adaptive(0.1, 0.05, 16, 0.1, 100) == pytest.approx(0.1 * (1 - 0.2 * 0.16), rel=1e-12)
+    # KL 10% above target -> e = +0.1
+    assert adaptive(0.1, 0.11, 16, 0.1, 100) == pytest.approx(0.1 * (1 + 0.1 * 0.16), rel=1e-12)
+    # golden: a trajectory where verl's coefficient stays positive is reproduced step by step
+    ours = verl = 0.05
+    for kl in (0.02, 0.3, 0.12, 0.09, 0.0, 0.5, 0.1):
+        ours, verl = adaptive(ours, kl, 64, 0.1, 1000), _verl_adaptive(verl, kl, 64, 0.1, 1000)
+        assert ours == pytest.approx(verl, rel=1e-12)
+    # n / horizon > 5 with a KL under 0.8 target: verl's factor 1 - 0.2 * 8 = -0.6 turns beta
+    # negative (rewarding distance from the reference); ours stops at 0 and stays there
+    assert _verl_adaptive(0.1, 0.01, 80, 0.1, 10) == pytest.approx(-0.06)
+    assert adaptive(0.1, 0.01, 80, 0.1, 10) == 0.0
+    assert adaptive(0.0, 0.5, 80, 0.1, 10) == 0.0
+    assert KL_CONTROLLERS.get("fixed")(0.1, 0.5, 80, 0.1, 10) == 0.1
+    with pytest.raises(ValueError, match="kl.target"):
+        adaptive(0.1, 0.1, 8, 0.0, 10)

@@ -167,6 +167,7 @@ KNOBS = {
     "advantage/grpo.unbiased": math_("false", "advantages"),
     "advantage/rloo.scale": math_("loo_std", "advantages"),
     "advantage/rloo.eps": math_(0.5, "advantages", "advantage.scale=loo_std"),
+    "advantage/rloo.unbiased": math_("true", "advantages", "advantage.scale=loo_std"),
     "advantage/reinforce.baseline": math_("none", "advantages"),
     "advantage/reinforce.ema_decay": math_(0.5, "advantages", "advantage.baseline=ema", "train.steps=3"),
     "advantage/reinforce_pp.gamma": math_(0.5, "advantages"),

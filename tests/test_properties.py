@@ -412,3 +412,46 @@ def test_rloo_loo_std_float32_with_equal_others_gives_the_unscaled_advantage():
     # the others: b = 0.95 * 6/7, std of the others (one 0, six 0.95) = 0.95 sqrt(6)/7
     b, s = 0.95 * 6 / 7, 0.95 * 6 ** 0.5 / 7
     assert a[1:].tolist() == pytest.approx([(0.95 - b) / s] * 7, rel=1e-6)
+
+
+# ----------------------------------------------------------------------------- through the trainer
+def _shaped_verdicts(completions, golds):
+    """In each group of 4 (a call's rows are group-major), member 0 gets reward 0 and the others
+    the format reward (0.95 here): the shaped-reward group of the rloo case, on every step."""
+    from harness.verifiers import Verdict
+
+    return [Verdict(correct=False, formatted=i % 4 != 0, extracted=None, status="ok") for i in range(len(completions))]
+
+
+WIRING = [("rloo", ("advantage.scale=loo_std",)), ("grpo", ("advantage.eps=0.0",)), ("reinforce_pp", ()),
+          ("opo", ())]
+
+
+@pytest.mark.parametrize("name,extra", WIRING, ids=[w[0] for w in WIRING])
+def test_trainer_step_gives_the_float64_estimate_on_shaped_rewards(name, extra):
+    """``Trainer.train_step`` on the tiny model, with the verifier's verdicts forced so every group
+    is [0, 0.95, 0.95, 0.95]: the advantages the update used equal the registered estimator run
+    in float64 on the step's scores and masks (one float32 rounding), and are finite."""
+    from tests.knob_probe import probe
+
+    obs = probe(f"advantage={name}", *extra, "task.format_reward=0.95", "beta=0", "group_size=4",
+                reward=_shaped_verdicts)
+    spec = TOKEN_ESTIMATORS.spec(name)
+    params = spec.build(obs["cfg"].advantage)
+    assert len(obs["records"]) == 2
+    for rec in obs["records"]:
+        mask = rec.batch.completion_mask.double()
+        lengths = mask.sum(-1).long()
+        scores = rec.scores.double()
+        assert scores.reshape(-1).tolist() == pytest.approx([0.0, 0.95, 0.95, 0.95] * (len(lengths) // 4))
+        tr = torch.zeros_like(mask)
+        tr[torch.arange(len(lengths)), lengths - 1] = scores.reshape(-1)
+        want = spec.fn(AdvantageContext(scores=scores, token_rewards=tr, mask=mask), params).advantages
+        got = rec.advantages
+        assert got.dtype == torch.float32 and bool(torch.isfinite(got).all())
+        _close(got, want[:, :got.shape[1]], rtol=2 * U32, atol=1e-30, what=f"{name}: trainer vs float64 estimator")
+        if name == "rloo":  # the issue's case: member 0's others agree -> -0.95 unscaled; others 1/sqrt(2)
+            first = got[::4][mask[::4] > 0]
+            assert first.tolist() == pytest.approx([-0.95] * len(first), abs=1e-6)
+            rest = got.reshape(-1, 4, got.shape[1])[:, 1:][mask.reshape(-1, 4, mask.shape[1])[:, 1:] > 0]
+            assert rest.tolist() == pytest.approx([2 ** -0.5] * len(rest), rel=1e-6)

@@ -146,8 +146,20 @@ def adaptive_kl_coef(beta: float, current_kl: float, n_samples: int, target: flo
 
     Formula (Ziegler et al. 2019, "Fine-Tuning Language Models from Human Preferences", sec. 2.2;
     verl ``AdaptiveKLController``): ``e = clip(current_kl / target - 1, -0.2, 0.2)`` and
-    ``beta <- beta * (1 + e * n_samples / horizon)``, with ``current_kl`` the step's mean
-    per-token KL and ``n_samples`` its number of completions (verl passes the batch size).
+    ``beta <- max(0, beta * (1 + e * n_samples / horizon))``, with ``current_kl`` the step's
+    mean per-token KL and ``n_samples`` its number of completions over all ranks (verl passes
+    the batch size).
+
+    The floor at 0 is ours: with ``n_samples / horizon > 5`` and a KL below ``0.8 * target``
+    the factor ``1 + e n / horizon`` is negative, and Ziegler's / verl's update makes beta
+    negative (a trajectory of verl's controller reached -0.082), which rewards moving away from
+    the reference. A negative coefficient is never meaningful, so it stops at 0 (and, being
+    multiplicative, stays there).
+
+    ``current_kl`` here is the token mean over the batch (``train/kl``); verl's
+    ``apply_kl_penalty`` feeds the mean over rows of each row's token mean. The two agree when
+    all completions have one length; with varied lengths the row mean weighs short completions
+    more (docs/knobs.md, "KL").
 
     Raises:
         ValueError: ``target <= 0`` or ``horizon < 1``.
@@ -155,7 +167,7 @@ def adaptive_kl_coef(beta: float, current_kl: float, n_samples: int, target: flo
     if not target > 0 or horizon < 1:
         raise ValueError(f"kl.target={target}, kl.horizon={horizon}: expected target > 0 and horizon >= 1")
     err = min(max(current_kl / target - 1.0, -0.2), 0.2)
-    return beta * (1.0 + err * n_samples / horizon)
+    return max(0.0, beta * (1.0 + err * n_samples / horizon))
 
 
 __all__ = ["KL_ESTIMATORS", "KL_CONTROLLERS", "kl_penalty", "kl_k1", "kl_k2", "kl_k3", "fixed_kl_coef",
