@@ -12,7 +12,7 @@ export HARNESS_GSM8K_DIR ?= $(DATA)/gsm8k
 export HARNESS_MATH_DIR  ?= $(DATA)/math
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install install-cluster install-vllm run test test-fast bench clean
+.PHONY: install install-cluster install-vllm run test test-fast bench docs clean
 
 install: $(STAMP)
 
@@ -48,6 +48,10 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+# The documentation site (docs/, mkdocs.yml) into site/; --strict: a broken link or a missing page fails.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -d site
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run_all

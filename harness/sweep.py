@@ -217,8 +217,14 @@ def open_study(sweep: Sweep, attempts: int = 4):
 
     for attempt in range(attempts):
         try:
-            return optuna.create_study(storage=make_storage(sweep.storage, sweep.heartbeat),
-                                       study_name=sweep.study_name, direction=sweep.direction, load_if_exists=True)
+            study = optuna.create_study(storage=make_storage(sweep.storage, sweep.heartbeat),
+                                        study_name=sweep.study_name, direction=sweep.direction, load_if_exists=True)
+            # optuna-dashboard (and study.trials_dataframe) label the objective by this name,
+            # "Objective 0" without it
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                study.set_metric_names([sweep.metric])
+            return study
         except Exception as e:
             if attempt == attempts - 1:
                 raise

@@ -132,6 +132,9 @@ def test_pruned_trials_count_and_metric_is_configurable(sweep_dir, monkeypatch, 
     calls.clear()
     assert sw.main([path]) == 0
     assert [t.value for t in _study(sweep_dir, "fmt").trials] == [0.0, 0.0]
+    # the objective is named after the metric (optuna-dashboard shows "Objective 0" without it)
+    assert _study(sweep_dir, "prune").metric_names == ["eval/accuracy"]
+    assert _study(sweep_dir, "fmt").metric_names == ["eval/format_rate"]
     path = _write(sweep_dir, "nope.yaml", study_name="nope", metric="eval/nope")
     assert sw.main([path]) == 2
     err = capsys.readouterr().err

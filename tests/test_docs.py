@@ -1,0 +1,52 @@
+"""The docs cannot drift from the code: the configuration reference is the rendering of the schemas,
+and the knob prose names no default that the schema does not have."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from harness import schema_docs
+from harness.config import group_schemas
+
+
+def test_config_reference_is_the_rendering_of_the_schemas():
+    committed = schema_docs.PAGE.read_text()
+    assert committed == schema_docs.render(), (
+        "docs/reference/config.md differs from the schemas: run `python -m harness.schema_docs --write`")
+
+
+def test_reference_lists_every_group_option_and_field():
+    page = schema_docs.render()
+    for group, options in group_schemas().items():
+        for option, dc in options.items():
+            assert f"### `{group}={option}`" in page
+            for f in dataclasses.fields(dc):
+                if f.name != "name":
+                    assert f"`{group}.{f.name}`" in page, (group, option, f.name)
+
+
+def test_knob_tables_state_the_schema_defaults():
+    """docs/knobs.md's variant tables write parameters as ``name`` (default): each such default
+    must be the params dataclass's default, so a changed default fails here until the prose
+    follows (or drops the number)."""
+    text = (schema_docs.ROOT / "docs" / "knobs.md").read_text()
+    checked = 0
+    for group, options in group_schemas().items():
+        for option, dc in options.items():
+            row = re.search(rf"^\| `{re.escape(option)}` \|.*$", text, re.M)
+            if not row:
+                continue
+            for f in dataclasses.fields(dc):
+                m = re.search(rf"`{f.name}` \(([^)]*)\)", row.group(0))
+                if not m or f.default is dataclasses.MISSING:
+                    continue
+                stated = m.group(1).split(":")[0].split()[0].rstrip(",")
+                want = {None: "null", True: "true", False: "false"}.get(f.default, f.default) \
+                    if not isinstance(f.default, (int, float)) or isinstance(f.default, bool) else f.default
+                if isinstance(want, (int, float)):
+                    assert float(stated) == float(want), (group, option, f.name, stated, want)
+                else:
+                    assert stated == str(want), (group, option, f.name, stated, want)
+                checked += 1
+    assert checked > 20, f"only {checked} defaults found in docs/knobs.md: the table format changed?"
