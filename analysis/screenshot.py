@@ -1,12 +1,14 @@
-"""Screenshots of the MLflow UI for a run, to check that its record reads well in a real browser.
+"""Screenshots of the MLflow UI for a run, or of optuna-dashboard for a sweep's study, to check
+that the record reads well in a real browser.
 
     python -m analysis.screenshot --tracking-uri sqlite:///results/ablation/mlflow.db [--run-id ID] \\
         [--out results/mlflow_ui]
+    python -m analysis.screenshot --optuna-storage sqlite:///optuna.db --study smoke --out results/optuna_dashboard
 
-Starts ``mlflow server`` on 127.0.0.1 (a free port) against the store, renders the experiment's
-runs table and the run's overview page with headless Chromium (``chromium``, e.g. Debian's
-``apt-get install chromium``), writes the PNGs and stops the server. Not part of the test suite
-(it needs a browser); the shots in ``results/mlflow_ui/`` say when they were taken.
+Starts ``mlflow server`` (or ``optuna-dashboard``, ``pip install optuna-dashboard``) on 127.0.0.1
+(a free port) against the store, renders the pages with headless Chromium (``chromium``, e.g.
+Debian's ``apt-get install chromium``), writes the PNGs and stops the server. Not part of the test
+suite (it needs a browser); the shots under ``results/`` say when they were taken.
 """
 
 from __future__ import annotations
@@ -36,7 +38,9 @@ def shoot(url: str, path: Path, browser: str, width: int = 1600, height: int = 1
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m analysis.screenshot", description=__doc__.splitlines()[0])
-    ap.add_argument("--tracking-uri", required=True)
+    ap.add_argument("--tracking-uri", default=None, help="an MLflow store: shots of its runs")
+    ap.add_argument("--optuna-storage", default=None, help="an Optuna storage: shots of --study in optuna-dashboard")
+    ap.add_argument("--study", default=None)
     ap.add_argument("--experiment", default="grpo-harness")
     ap.add_argument("--run-id", default=None, help="default: the latest FINISHED run")
     ap.add_argument("--out", default="results/mlflow_ui")
@@ -44,6 +48,11 @@ def main(argv=None) -> int:
     browser = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
     if browser is None:
         print("error: no chromium on PATH (apt-get install chromium)", file=sys.stderr)
+        return 2
+    if a.optuna_storage:
+        return optuna_shots(a.optuna_storage, a.study, Path(a.out), browser)
+    if not a.tracking_uri:
+        print("error: give --tracking-uri or --optuna-storage", file=sys.stderr)
         return 2
     from mlflow.tracking import MlflowClient
 
@@ -75,6 +84,47 @@ def main(argv=None) -> int:
             "run_overview.png": f"{base}/#/experiments/{exp.experiment_id}/runs/{run_id}{q}",
             "run_metrics.png": f"{base}/#/experiments/{exp.experiment_id}/runs/{run_id}/model-metrics{q}",
         }
+        for name, url in shots.items():
+            print(f"{shoot(url, out / name, browser)}  <- {url}")
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    return 0
+
+
+def _wait(url: str, tries: int = 120) -> None:
+    for _ in range(tries):
+        try:
+            urllib.request.urlopen(url, timeout=2)
+            return
+        except OSError:
+            time.sleep(0.5)
+
+
+def optuna_shots(storage: str, study: str | None, out: Path, browser: str) -> int:
+    """optuna-dashboard's study list and the study's history page (the objective's name, the
+    trials' values) as PNGs in ``out``."""
+    import optuna
+
+    exe = shutil.which("optuna-dashboard") or str(Path(sys.executable).parent / "optuna-dashboard")
+    if not Path(exe).exists():
+        print("error: optuna-dashboard is not installed (pip install optuna-dashboard)", file=sys.stderr)
+        return 2
+    summaries = optuna.get_all_study_summaries(storage)
+    pick = [s for s in summaries if study in (None, s.study_name)]
+    if not pick:
+        print(f"error: no study {study!r} in {storage}", file=sys.stderr)
+        return 2
+    port = _free_port()
+    server = subprocess.Popen([exe, storage, "--host", "127.0.0.1", "--port", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        _wait(base + "/api/studies")
+        out.mkdir(parents=True, exist_ok=True)
+        sid = pick[0]._study_id
+        shots = {"studies.png": f"{base}/dashboard", "study_history.png": f"{base}/dashboard/studies/{sid}",
+                 "study_trials.png": f"{base}/dashboard/studies/{sid}/trial-table"}
         for name, url in shots.items():
             print(f"{shoot(url, out / name, browser)}  <- {url}")
     finally:
