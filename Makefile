@@ -46,8 +46,10 @@ run: $(STAMP)
 test: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
+# The edit loop (tests/tiers.py): the maths, property, config, docs, verifier and tracking tests and
+# one tiny end-to-end run; `make test` runs everything.
 test-fast: $(STAMP)
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m "not slow and not distributed and not servers and not vllm" $(PYTEST_ARGS)
 
 # The documentation site (docs/, mkdocs.yml) into site/; --strict: a broken link or a missing page fails.
 docs: $(STAMP)

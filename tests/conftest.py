@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["tests.tiers"]  # the slow / distributed / servers / vllm markers (make test-fast)
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
 CONF = ROOT / "conf"

@@ -11,7 +11,6 @@ import pytest
 
 from tests.test_distributed import _history, assert_same, pair, tiny_dir  # noqa: F401  (tiny_dir: the fixture)
 
-pytestmark = pytest.mark.distributed
 
 
 def test_two_ranks_equal_one_adaptive_kl_with_dapo(tiny_dir, tmp_path):  # noqa: F811

@@ -1,0 +1,57 @@
+"""Test tiers (a pytest plugin loaded by ``tests/conftest.py``): markers by module, so that
+``make test-fast`` is the edit loop and ``make test`` stays everything.
+
+* ``distributed``: ``torchrun`` jobs of 2 ranks; ``servers``: PostgreSQL, an MLflow server,
+  submitit, Ray; ``vllm``: vLLM's CPU build;
+* ``slow``: everything that is not in :data:`FAST` (end-to-end jobs, the knob-effect test, kill
+  and resume loops, sweeps, the embedded model);
+* the fast tier (``-m "not slow and not distributed and not servers and not vllm"``): the RL
+  maths, the property tests, config and docs checks, the verifiers, tracking and provenance
+  helpers, and one tiny end-to-end run (:data:`FAST_TESTS`).
+
+A new test module is slow until it is added to :data:`FAST`: the fast tier's time stays bounded.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+FAST = {
+    "test_algo_advantages.py", "test_algo_gae.py", "test_algo_kl.py", "test_algo_losses.py", "test_policy_losses.py",
+    "test_properties.py", "test_recipe_golden.py", "test_verifiers_math_bank.py", "test_verifiers_gsm8k.py",
+    "test_verifiers_steps.py", "test_verifiers_math.py", "test_verifiers_batch.py", "test_analysis_stats.py",
+    "test_errors.py", "test_tasks.py", "test_health.py", "test_credentials.py", "test_update.py",
+    "test_logprobs.py", "test_no_variant_names.py", "test_docs.py", "test_shared_prefix.py",
+}
+# single tests of slow modules that belong to the fast tier
+FAST_TESTS = {
+    "test_pipeline.py::test_two_steps_log_params_metrics_tags_and_artifacts",  # the tiny end-to-end run
+    "test_knobs.py::test_every_schema_key_is_classified",
+}
+# tests of fast modules that run whole jobs or start the CLI (10-110 s each under load, measured)
+SLOW_TESTS = {
+    "test_properties.py::test_trainer_step_gives_the_float64_estimate_on_shaped_rewards",
+    "test_errors.py::test_jobs_of_different_configs_sharing_one_checkpoint_dir_are_refused",
+    "test_errors.py::test_bad_model_path_is_a_clear_error",
+    "test_errors.py::test_missing_data_folder_names_path_and_how_to_set_it",
+    "test_errors.py::test_unreachable_tracking_server_fails_before_compute",
+    "test_errors.py::test_bad_storage_path_for_sqlite",
+    "test_errors.py::test_typo_in_key_fails_at_startup",
+    "test_errors.py::test_unknown_estimator_lists_valid_names_without_traceback",
+    "test_shared_prefix.py::test_trainer_metrics_match_with_and_without_share_prefix",
+    "test_health.py::test_a_truncated_run_warns_once_and_tags_the_mlflow_run",
+}
+BY_MODULE = {"test_distributed.py": "distributed", "test_distributed_kl.py": "distributed",
+             "test_cluster.py": "servers", "test_vllm.py": "vllm"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = Path(str(item.fspath)).name
+        name = f"{module}::{item.originalname or item.name}"
+        if module in BY_MODULE:
+            item.add_marker(getattr(pytest.mark, BY_MODULE[module]))
+        elif name in SLOW_TESTS or (module not in FAST and name not in FAST_TESTS):
+            item.add_marker(pytest.mark.slow)
