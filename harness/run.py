@@ -7,6 +7,8 @@ print one clear line and exit with status 2, without a traceback.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import logging
@@ -193,6 +195,41 @@ ALLOWED_TO_DIFFER = ("tracking.*", "checkpoint.*", "resume", "output_dir",
 """The keys a rerun may change and still be the same job (:func:`config_key` leaves them out)."""
 
 
+@contextlib.contextmanager
+def job_lock(ckpt_dir: Path):
+    """Hold an exclusive lock on ``<ckpt_dir>/.lock`` (holding this process's pid) while the job runs.
+
+    Two processes must never train one job at once: they would write the same checkpoints and
+    MLflow run. That happens when the same command is started twice, or in a concurrent
+    multirun over ``train.steps`` alone (with a constant lr schedule, one job: see
+    :func:`config_key`). The lock is released when the process exits, however it exits.
+
+    Raises:
+        ConfigError: another live process holds the lock (naming ``checkpoint.dir`` and its pid).
+    """
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    f = open(ckpt_dir / ".lock", "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        holder = f.read().strip() or "?"
+        f.close()
+        raise ConfigError(f"checkpoint.dir={ckpt_dir} is in use by another process (pid {holder}) training the "
+                          "same job; jobs that differ only in train.steps (train.lr_schedule=constant) are one job: "
+                          "run them one after the other (the longer continues the shorter) or give each its own "
+                          "checkpoint.dir") from None
+    try:
+        f.seek(0)
+        f.truncate()
+        f.write(str(os.getpid()))
+        f.flush()
+        yield
+    finally:
+        fcntl.flock(f, fcntl.LOCK_UN)
+        f.close()
+
+
 def plan_job(cfg, ckpt_dir: Path, key: str, tracker) -> tuple[dict, dict | None]:
     """Rank 0's decision of what this job does, from ``resume``, the checkpoint folder and the store.
 
@@ -332,6 +369,11 @@ def report_finished(cfg, tracker, state: dict, plan: dict, ckpt_dir: Path, on_ev
 def train(cfg, on_eval=None, on_step=None, rerun_of: str | None = None, recorded: dict | None = None) -> float:
     """Run one job; returns the final eval accuracy (the sweep objective).
 
+    A job that already finished (its final checkpoint in the folder, its MLflow run still in
+    the store) is not trained again: it is reported, and ``on_eval`` is called once with its
+    final eval's metrics (:func:`plan_job`, :func:`report_finished`). Rank 0 holds
+    :func:`job_lock` on the checkpoint folder while the job runs.
+
     Args:
         cfg: a composed :class:`harness.config.Config`.
         on_eval: optional ``fn(step, metrics)`` called after each eval (Optuna reporting and
@@ -342,6 +384,12 @@ def train(cfg, on_eval=None, on_step=None, rerun_of: str | None = None, recorded
         rerun_of, recorded: set by :mod:`harness.rerun`: the MLflow run id this run repeats and
             that run's params (its provenance is compared with this process's).
     """
+    with contextlib.ExitStack() as held:  # rank 0's lock on the job's folder, released when the job ends
+        return _train(cfg, held, on_eval, on_step, rerun_of, recorded)
+
+
+def _train(cfg, held: contextlib.ExitStack, on_eval, on_step, rerun_of, recorded) -> float:
+    """:func:`train`'s body; ``held`` keeps :func:`job_lock` until the job ends."""
     from harness import precision
     from harness.distributed import world
     from harness.tracking import NullTracker, Tracker, flatten, resolve_uri
@@ -363,6 +411,7 @@ def train(cfg, on_eval=None, on_step=None, rerun_of: str | None = None, recorded
             if uri.startswith("sqlite:///") and not Path(uri[10:]).is_absolute():
                 uri = "sqlite:///" + str(launch_dir / uri[10:])
             tracker = Tracker(uri, cfg.tracking.experiment)
+            held.enter_context(job_lock(ckpt_dir))
             plan, found = plan_job(cfg, ckpt_dir, key, tracker)
         except BaseException as e:  # the other ranks must not wait for a decision that never comes
             w.broadcast_object({"error": f"{type(e).__name__} on rank 0"})

@@ -171,3 +171,21 @@ def test_resume_modes_on_an_empty_folder(run_dir, value):
     else:
         with pytest.raises(FileNotFoundError, match=f"resume='{run_dir}/e'"):
             run_job(f"checkpoint.dir={run_dir}/e", "resume=auto")
+
+
+def test_a_job_already_running_in_its_folder_is_refused(run_dir):
+    """Two processes never train one job at once (the same command started twice, or a concurrent
+    multirun over train.steps alone): the second stops naming checkpoint.dir and the holder's pid;
+    once the lock is released the job trains."""
+    from harness.run import job_lock
+    from harness.validate import ConfigError
+    from tests.conftest import run_job
+
+    busy = run_dir / "busy"
+    with job_lock(busy):
+        with pytest.raises(ConfigError, match=f"checkpoint.dir={busy} is in use by another process "
+                                              f"\\(pid {os.getpid()}\\)"):
+            run_job(f"checkpoint.dir={busy}")
+    assert not list(busy.glob("step_*.pt")) and not (busy / "run.json").exists()
+    _, run, history = run_job(f"checkpoint.dir={busy}")
+    assert [s for s, _ in history("train/reward_mean")] == [1, 2] and run.info.status == "FINISHED"
