@@ -327,6 +327,7 @@ def report_finished(cfg, tracker, state: dict, plan: dict, ckpt_dir: Path, on_ev
     the final eval's metrics as the run records them.
     """
     run_id = plan["run_id"]
+    head = "this job is already finished; nothing was trained or logged"
     if plan["status"] != "FINISHED":
         from mlflow.entities import Metric
 
@@ -334,8 +335,9 @@ def report_finished(cfg, tracker, state: dict, plan: dict, ckpt_dir: Path, on_ev
         tracker.extend([Metric(k, v, ts, st) for k, v, ts, st in state.get("pending_metrics") or []])
         tracker.set_tags({"harness.closed_by_rerun": "the final checkpoint was written; the run was not closed"})
         tracker.end("FINISHED")
-        log.info("MLflow run %s was %s after its final checkpoint: completed and closed FINISHED", run_id,
-                 plan["status"])
+        head = (f"this job is already finished; nothing was trained (its MLflow run was still {plan['status']} "
+                "after the final checkpoint: the metrics that checkpoint held and the run lacked were sent, and "
+                "the run is now closed FINISHED)")
     else:
         tracker.run_id = run_id
     run = tracker.client.get_run(run_id)
@@ -344,7 +346,7 @@ def report_finished(cfg, tracker, state: dict, plan: dict, ckpt_dir: Path, on_ev
         on_eval(int(plan["step"]), {k: v for k, v in metrics.items() if k.startswith("eval/")})
     nan = float("nan")
     lines = [
-        "== grpo-harness: this job is already finished; nothing was trained or logged ==",
+        f"== grpo-harness: {head} ==",
         f"MLflow run    : {run_id} (FINISHED, {tracker.uri})",
         f"steps         : {plan['step']} (train.steps={cfg.train.steps}); final checkpoint {plan['path']}",
         f"eval accuracy : {metrics.get('eval/accuracy', nan):.3f}   format rate {metrics.get('eval/format_rate', nan):.3f}"
