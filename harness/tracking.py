@@ -189,9 +189,10 @@ class Tracker:
 
         * ``resume_id`` (the run a checkpoint names) is reopened: ``"resumed"``;
         * else a recorded run (by id, or by token when the kill came before the id was written)
-          that is not FINISHED is reopened: ``"adopted"``; the job restarts from its beginning and
-          whatever the run already holds is not sent again;
-        * else a new run is created: ``"new"`` (a finished run is never resumed).
+          that is not FINISHED (nor deleted) is reopened: ``"adopted"``; the job restarts from its
+          beginning and whatever the run already holds is not sent again;
+        * else a new run is created: ``"new"`` (a finished run is never adopted: a finished job
+          is reported by :func:`harness.run.plan_job` before a run is opened).
 
         A recorded run that is left behind while still RUNNING is closed as KILLED with the tag
         ``harness.superseded_by``. Returns ``"new"``, ``"adopted"`` or ``"resumed"``.
