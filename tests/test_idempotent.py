@@ -189,3 +189,19 @@ def test_a_job_already_running_in_its_folder_is_refused(run_dir):
     assert not list(busy.glob("step_*.pt")) and not (busy / "run.json").exists()
     _, run, history = run_job(f"checkpoint.dir={busy}")
     assert [s for s, _ in history("train/reward_mean")] == [1, 2] and run.info.status == "FINISHED"
+
+
+def test_train_steps_below_an_unfinished_checkpoint_is_refused(run_dir):
+    """A job killed after its step-1 checkpoint (here: its final checkpoint removed), rerun with
+    train.steps=1: the job is never truncated nor marked finished early; the error names the key
+    and the step reached. The same command with train.steps=2 then finishes it in its run."""
+    from harness.validate import ConfigError
+    from tests.conftest import run_job
+
+    ck = run_dir / "ck"
+    _, run, _ = run_job(f"checkpoint.dir={ck}", "checkpoint.every=1", "checkpoint.keep=2")
+    (ck / "step_000002.pt").unlink()
+    with pytest.raises(ConfigError, match=r"train.steps=1 is below the step 1 that the job's checkpoint .*step_000001.pt"):
+        run_job(f"checkpoint.dir={ck}", "checkpoint.every=1", "checkpoint.keep=2", "train.steps=1")
+    _, again, history = run_job(f"checkpoint.dir={ck}", "checkpoint.every=1", "checkpoint.keep=2")
+    assert again.info.run_id == run.info.run_id and [s for s, _ in history("train/reward_mean")] == [1, 2]
