@@ -35,10 +35,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
+
+from analysis.collect import find_duplicates
 
 @dataclass
 class RunRecord:
@@ -73,6 +77,7 @@ def load_sweep(uri: str, sweep: str, experiment: str = "grpo-harness") -> list[R
                               max_results=5000)
     if not runs:
         raise ValueError(f"no FINISHED run with tag sweep={sweep!r} in {uri!r}")
+    runs = drop_duplicate_runs(runs)
     out = []
     for run in runs:
         rid = run.info.run_id
@@ -88,6 +93,22 @@ def load_sweep(uri: str, sweep: str, experiment: str = "grpo-harness") -> list[R
                              np.asarray(rows, dtype=float), elapsed, float(np.mean(steps)) if steps else math.nan,
                              max(mem) if mem else math.nan, dict(run.data.params)))
     return out
+
+
+def drop_duplicate_runs(runs: list) -> list:
+    """``runs`` (MLflow ``Run`` objects) without the duplicates of one job that older harness
+    versions left (:func:`analysis.collect.find_duplicates`: the latest-started run of each
+    ``config_key`` is kept); each dropped run is named in a warning on stderr."""
+    frame = pd.DataFrame([{"run_id": r.info.run_id, "experiment": r.info.experiment_id, "status": r.info.status,
+                           "start_time": r.info.start_time, "tags.config_key": r.data.tags.get("config_key"),
+                           "tags.rerun_of": r.data.tags.get("rerun_of"), "run_name": r.info.run_name,
+                           "estimator": r.data.tags.get("estimator"), "seed": r.data.tags.get("seed")} for r in runs])
+    dup = find_duplicates(frame)
+    for _, d in dup.iterrows():
+        print(f"[ablation] warning: run {d['run_id']} ({d['run_name']}, seed {d['seed']}) duplicates "
+              f"{d['duplicate_of']} (config_key {d['config_key']}): dropped", file=sys.stderr)
+    gone = set(dup["run_id"])
+    return [r for r in runs if r.info.run_id not in gone]
 
 
 def auc(steps, acc) -> np.ndarray:

@@ -10,6 +10,14 @@ Produces two frames and writes them under ``--out`` (default ``results/``):
   metric point (from ``MlflowClient.get_metric_history``).
 - ``skipped_runs.csv``: runs that were not FINISHED and therefore skipped (unless
   ``--include-unfinished``); they are also printed.
+- ``duplicate_runs.csv``: runs dropped as duplicates of the same job (unless
+  ``--keep-duplicates``): the same experiment and ``config_key`` tag (the job's config and seed,
+  :func:`harness.run.config_key`). Older harness versions trained a finished job again when its
+  command was rerun (a requeued SLURM job, a re-submitted multirun), leaving two runs of one
+  seed that a study would count twice. The latest-started FINISHED run of each job is kept (a
+  job started again on purpose, ``resume=never`` or a new ``checkpoint.dir``, supersedes the
+  earlier run); each dropped run is printed with the run it duplicates. Runs tagged
+  ``rerun_of`` (``python -m harness.rerun``: a deliberate repeat) are never dropped.
 
 Example::
 
@@ -42,6 +50,7 @@ CONVENIENCE = {
 NUMERIC_CONVENIENCE = ("group_size", "seed")
 SKIPPED_COLUMNS = ["run_id", "run_name", "experiment", "status", "estimator", "group_size",
                    "seed", "sweep"]
+DUPLICATE_COLUMNS = ["run_id", "duplicate_of", "config_key", *SKIPPED_COLUMNS[1:]]
 
 
 @dataclass
@@ -51,6 +60,7 @@ class Collection:
     runs: pd.DataFrame
     history: pd.DataFrame
     skipped: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=SKIPPED_COLUMNS))
+    duplicates: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=DUPLICATE_COLUMNS))
 
 
 def resolve_tracking_uri(uri: str | None = None) -> str:
@@ -116,6 +126,29 @@ def _tidy_runs(raw: pd.DataFrame, exp_names: dict[str, str]) -> pd.DataFrame:
     return df[[c for c in front if c in df.columns] + rest].reset_index(drop=True)
 
 
+def find_duplicates(runs: pd.DataFrame) -> pd.DataFrame:
+    """Runs of ``runs`` that repeat another run of the same job, as ``DUPLICATE_COLUMNS`` rows.
+
+    A job is an (``experiment``, ``tags.config_key``) pair; runs without that tag (not written by
+    ``harness.run``) or tagged ``rerun_of`` are never duplicates. Of each job's runs the kept one
+    is the latest-started FINISHED run (the latest run when none finished); every other run is a
+    duplicate whose ``duplicate_of`` names the kept run.
+    """
+    if "tags.config_key" not in runs or not len(runs):
+        return pd.DataFrame(columns=DUPLICATE_COLUMNS)
+    rerun = runs["tags.rerun_of"].notna() if "tags.rerun_of" in runs else pd.Series(False, index=runs.index)
+    cand = runs.loc[runs["tags.config_key"].notna() & ~rerun].copy()
+    cand["_finished"] = cand["status"] == "FINISHED"
+    cand = cand.sort_values(["_finished", "start_time"], ascending=[False, False], kind="stable")
+    rows = []
+    for (_, key), group in cand.groupby(["experiment", "tags.config_key"], sort=False):
+        kept = group.iloc[0]
+        for _, r in group.iloc[1:].iterrows():
+            rows.append({"run_id": r["run_id"], "duplicate_of": kept["run_id"], "config_key": key,
+                         **{c: r.get(c) for c in SKIPPED_COLUMNS[1:]}})
+    return pd.DataFrame(rows, columns=DUPLICATE_COLUMNS)
+
+
 def fetch_history(client, run_ids: list[str], runs: pd.DataFrame) -> pd.DataFrame:
     """Fetch every logged metric history of ``run_ids`` as a long frame."""
     rows = []
@@ -133,7 +166,7 @@ def fetch_history(client, run_ids: list[str], runs: pd.DataFrame) -> pd.DataFram
 def collect_runs(tracking_uri: str | None = None, experiments: list[str] | None = None,
                  tags: dict[str, str] | None = None, sweep: str | None = None,
                  include_unfinished: bool = False, verbose: bool = True,
-                 stale_after_hours: float | None = 6.0) -> Collection:
+                 stale_after_hours: float | None = 6.0, keep_duplicates: bool = False) -> Collection:
     """Query MLflow and return a :class:`Collection` of tidy frames.
 
     Only runs whose status is ``FINISHED`` are kept unless ``include_unfinished``; the
@@ -141,7 +174,8 @@ def collect_runs(tracking_uri: str | None = None, experiments: list[str] | None 
     Experiments that do not exist are reported and ignored. First, RUNNING runs whose process
     is gone (this host, dead pid) or whose heartbeat is older than ``stale_after_hours`` are
     closed as KILLED with the tag ``harness.closed_reason`` (:func:`harness.tracking.close_stale_runs`;
-    None leaves them alone).
+    None leaves them alone). Then duplicate runs of one job (:func:`find_duplicates`) are printed
+    with the run they repeat and dropped into ``Collection.duplicates`` unless ``keep_duplicates``.
     """
     import mlflow
     from mlflow import MlflowClient
@@ -191,9 +225,20 @@ def collect_runs(tracking_uri: str | None = None, experiments: list[str] | None 
                           f"group_size={r.get('group_size')} seed={r.get('seed')} name={r.get('run_name')}")
     if not include_unfinished:
         runs = runs.loc[~unfinished].reset_index(drop=True)
+    duplicates = find_duplicates(runs)
+    if len(duplicates):
+        action = "kept (--keep-duplicates)" if keep_duplicates else "dropped"
+        _say(True, f"[collect] warning: {len(duplicates)} duplicate run(s) of the same (config, seed) {action}; "
+                   "a study must count each seed once:")
+        for _, r in duplicates.iterrows():
+            _say(True, f"  {r['run_id']}  duplicates {r['duplicate_of']} (config_key {r['config_key']}, "
+                       f"estimator={r.get('estimator')} group_size={r.get('group_size')} seed={r.get('seed')} "
+                       f"name={r.get('run_name')})")
+        if not keep_duplicates:
+            runs = runs.loc[~runs["run_id"].isin(duplicates["run_id"])].reset_index(drop=True)
     history = fetch_history(client, runs["run_id"].tolist(), runs)
     _say(verbose, f"[collect] {len(runs)} run(s), {len(history)} history point(s) from {uri}")
-    return Collection(runs=runs, history=history, skipped=skipped)
+    return Collection(runs=runs, history=history, skipped=skipped, duplicates=duplicates)
 
 
 def save_collection(coll: Collection, out: str | Path = DEFAULT_OUT, parquet: bool = False) -> dict[str, Path]:
@@ -201,7 +246,8 @@ def save_collection(coll: Collection, out: str | Path = DEFAULT_OUT, parquet: bo
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = {}
-    for name, frame in (("runs", coll.runs), ("history", coll.history), ("skipped_runs", coll.skipped)):
+    for name, frame in (("runs", coll.runs), ("history", coll.history), ("skipped_runs", coll.skipped),
+                        ("duplicate_runs", coll.duplicates)):
         paths[name] = out / f"{name}.csv"
         frame.to_csv(paths[name], index=False)
         if parquet:
@@ -229,7 +275,8 @@ def load_collection(out: str | Path = DEFAULT_OUT) -> Collection:
     if not (out / "runs.csv").exists():
         raise FileNotFoundError(f"{out / 'runs.csv'} not found; run `python -m analysis.collect` first")
     return Collection(runs=_read("runs", ["run_id", "status"]), history=_read("history", HISTORY_COLUMNS),
-                      skipped=_read("skipped_runs", SKIPPED_COLUMNS))
+                      skipped=_read("skipped_runs", SKIPPED_COLUMNS),
+                      duplicates=_read("duplicate_runs", DUPLICATE_COLUMNS))
 
 
 def _sqlite_path(uri: str) -> Path | None:
@@ -256,6 +303,9 @@ def add_query_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sweep", default=None, metavar="ID", help="keep runs with tag sweep=ID")
     parser.add_argument("--include-unfinished", action="store_true",
                         help="keep FAILED/RUNNING/KILLED runs instead of skipping them")
+    parser.add_argument("--keep-duplicates", action="store_true",
+                        help="keep every run of a job that was trained more than once (same config_key tag); "
+                             "by default only the latest FINISHED one is kept and the others are named")
     parser.add_argument("--out", default=DEFAULT_OUT, help="output folder (default: results)")
     parser.add_argument("--stale-after-hours", type=float, default=6.0,
                         help="close RUNNING runs whose process is gone or whose heartbeat is older than this "
@@ -275,7 +325,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parquet", action="store_true", help="also write .parquet files (needs pyarrow)")
     args = parser.parse_args(argv)
     coll = collect_runs(args.tracking_uri, args.experiment, parse_tags(args.tag), args.sweep,
-                        args.include_unfinished, stale_after_hours=stale_hours(args))
+                        args.include_unfinished, stale_after_hours=stale_hours(args),
+                        keep_duplicates=args.keep_duplicates)
     for name, path in save_collection(coll, args.out, args.parquet).items():
         print(f"[collect] wrote {path}")
     return 0

@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     by = split_cols(args.by)
     tags = parse_tags(args.tag)
     coll = collect_runs(args.tracking_uri, args.experiment, tags, args.sweep, args.include_unfinished,
-                        stale_after_hours=stale_hours(args))
+                        stale_after_hours=stale_hours(args), keep_duplicates=args.keep_duplicates)
     save_collection(coll, args.out, args.parquet)
     frames = run_compare(coll.runs, coll.history, args.out, by,
                          parse_variant(args.a) if args.a else None, parse_variant(args.b) if args.b else None,

@@ -240,7 +240,9 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    resume: Optional[str] = None  # checkpoint folder, or "auto" = the run's own latest
+    # None: a finished job is reported, a killed one resumed; "auto": the same, but a checkpoint must exist;
+    # "never": start the job again (old checkpoints moved to <checkpoint dir>/superseded/); a file/folder: resume it
+    resume: Optional[str] = None
     output_dir: Optional[str] = None  # None = Hydra's job output dir
 
 

@@ -7,19 +7,24 @@ print one clear line and exit with status 2, without a traceback.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 
 import hydra
 import torch
 from omegaconf import OmegaConf
 
+from harness import checkpoint as ckpt
 from harness import credentials
 from harness.config import register_configs
+from harness.tracking import _read_record, shared_folder_message
 from harness.validate import ConfigError, validate
 
 log = logging.getLogger("harness")
@@ -30,13 +35,21 @@ USER_ERRORS = (ConfigError, FileNotFoundError)
 
 
 def config_key(cfg) -> str:
-    """A short hash of the run-defining config (tracking/checkpoint/resume/output excluded).
+    """A short hash of the config that defines the job: its identity (12 hex characters).
 
-    Rerunning the same command gives the same key, hence the same checkpoint folder.
+    Excluded: ``tracking``, ``checkpoint``, ``resume`` and ``output_dir`` (where things are
+    recorded, not what is trained) and, with ``train.lr_schedule=constant``, ``train.steps``:
+    then a longer job is the same job trained further (raising ``train.steps`` on a finished job
+    continues it), while with ``linear``/``cosine`` the lr of every step depends on
+    ``train.steps``, so another value is another job. Rerunning the same command gives the same
+    key, hence the same checkpoint folder (``checkpoints/<key>``) and MLflow run.
     """
     d = OmegaConf.to_container(cfg, resolve=True)
     for k in ("tracking", "checkpoint", "resume", "output_dir"):
         d.pop(k, None)
+    train_cfg = d.get("train") or {}
+    if train_cfg.get("lr_schedule", "constant") == "constant":
+        train_cfg.pop("steps", None)
     return hashlib.sha1(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
@@ -177,8 +190,191 @@ def _record_provenance(tracker, cfg, task, policy, rerun_of=None, recorded=None,
     return prov
 
 
+ALLOWED_TO_DIFFER = ("tracking.*", "checkpoint.*", "resume", "output_dir",
+                     "train.steps (with train.lr_schedule=constant)")
+"""The keys a rerun may change and still be the same job (:func:`config_key` leaves them out)."""
+
+
+@contextlib.contextmanager
+def job_lock(ckpt_dir: Path):
+    """Hold an exclusive lock on ``<ckpt_dir>/.lock`` (holding this process's pid) while the job runs.
+
+    Two processes must never train one job at once: they would write the same checkpoints and
+    MLflow run. That happens when the same command is started twice, or in a concurrent
+    multirun over ``train.steps`` alone (with a constant lr schedule, one job: see
+    :func:`config_key`). The lock is released when the process exits, however it exits.
+
+    Raises:
+        ConfigError: another live process holds the lock (naming ``checkpoint.dir`` and its pid).
+    """
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    f = open(ckpt_dir / ".lock", "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        holder = f.read().strip() or "?"
+        f.close()
+        raise ConfigError(f"checkpoint.dir={ckpt_dir} is in use by another process (pid {holder}) training the "
+                          "same job; jobs that differ only in train.steps (train.lr_schedule=constant) are one job: "
+                          "run them one after the other (the longer continues the shorter) or give each its own "
+                          "checkpoint.dir") from None
+    try:
+        f.seek(0)
+        f.truncate()
+        f.write(str(os.getpid()))
+        f.flush()
+        yield
+    finally:
+        fcntl.flock(f, fcntl.LOCK_UN)
+        f.close()
+
+
+def plan_job(cfg, ckpt_dir: Path, key: str, tracker) -> tuple[dict, dict | None]:
+    """Rank 0's decision of what this job does, from ``resume``, the checkpoint folder and the store.
+
+    Returns ``(plan, state)``: ``state`` is the loaded checkpoint (None when training from
+    scratch) and ``plan`` a small dict every rank receives:
+
+    * ``{"do": "report", "path", "run_id", "status", "step", "accuracy"}``: the job is finished,
+      its final checkpoint (``finished``, at step >= ``train.steps``) names an MLflow run the
+      store still holds: nothing is trained, no run created, no metric logged (except the final
+      checkpoint's unsent metrics when a kill came before the run was closed).
+    * ``{"do": "train", "path": checkpoint or None, "extend_from": step or None}``: train from
+      scratch, resume a killed job, or train a finished one longer (``train.steps`` raised).
+
+    ``resume=never`` starts the job again: the folder's checkpoints and ``run.json`` are moved
+    aside (:func:`set_aside`) and a new MLflow run is created. A checkpoint whose MLflow run is
+    no longer in the store (deleted, or another ``tracking.uri``) is treated the same way: the
+    job reruns from scratch, with a warning. ``resume=auto`` is the default behaviour but
+    requires a checkpoint; ``resume=<file or folder>`` resumes from it on purpose (another
+    config's checkpoint included).
+
+    Raises:
+        ConfigError: the folder holds another config's job; ``train.steps`` is below the step an
+            unfinished checkpoint reached.
+        FileNotFoundError: ``resume=auto`` or ``resume=<path>`` finds no checkpoint.
+    """
+    mode = str(cfg.resume or "")
+    if mode == "never":
+        moved = set_aside(ckpt_dir, tracker, "resume=never")
+        if moved:
+            log.info("resume=never: the job starts again; its previous checkpoints and run record are in %s", moved)
+        return {"do": "train", "path": None}, None
+    explicit = mode not in ("", "auto")
+    path = Path(mode) if explicit else ckpt.latest(ckpt_dir)
+    if path is None:
+        if mode == "auto":
+            ckpt.load(ckpt_dir)  # raises, naming the folder
+        return {"do": "train", "path": None}, None
+    state = ckpt.load(path)
+    path = ckpt.latest(path) if Path(path).is_dir() else Path(path)
+    if not explicit and state.get("config_key") not in (None, key):
+        raise ConfigError(shared_folder_message(ckpt_dir, state["config_key"], key))
+    run = tracker.find_run(state.get("run_id"))
+    if run is None and not explicit:
+        moved = set_aside(ckpt_dir, tracker, f"MLflow run {state.get('run_id')} is no longer in the store")
+        log.warning("checkpoint %s belongs to MLflow run %s, which %s no longer holds (deleted): the job "
+                     "starts again in a new run; its old checkpoints and run record are in %s",
+                     path, state.get("run_id"), credentials.redact(tracker.uri), moved)
+        return {"do": "train", "path": None}, None
+    steps = int(cfg.train.steps)
+    if state.get("finished") and state["step"] >= steps and run is not None:
+        last = run.data.metrics
+        return {"do": "report", "path": str(path), "run_id": state.get("run_id"), "step": state["step"],
+                "status": run.info.status,
+                "accuracy": float(last.get("eval/accuracy", float("nan")))}, state
+    if state["step"] >= steps and not state.get("finished"):
+        raise ConfigError(f"train.steps={steps} is below the step {state['step']} that the job's checkpoint {path} "
+                          f"reached (unfinished): pass train.steps>={state['step']} to finish it, or resume=never "
+                          "to start the job again")
+    plan = {"do": "train", "path": str(path)}
+    if state.get("finished"):  # train longer: the same run continues from the final checkpoint
+        plan.update(extend_from=int(state["step"]),
+                    extended_before=(run.data.tags.get("harness.extended_from") if run is not None else None))
+    return plan, state
+
+
+def set_aside(ckpt_dir: Path, tracker, reason: str) -> Path | None:
+    """Move the job's checkpoints and ``run.json`` into ``<ckpt_dir>/superseded/<UTC time>/`` so the
+    job starts again in that folder without deleting anything; returns that folder (None when
+    there was nothing to move). A run the record names that is still RUNNING (a killed attempt)
+    is closed KILLED with the tag ``harness.closed_reason``."""
+    files = ckpt.list_checkpoints(ckpt_dir) + [p for p in (ckpt_dir / "run.json",) if p.exists()]
+    if not files:
+        return None
+    rec = _read_record(ckpt_dir / "run.json") or {}
+    old = tracker.find_run(rec.get("run_id"))
+    if old is not None and old.info.status == "RUNNING":
+        tracker.close_run(old.info.run_id, "KILLED", {"harness.closed_reason": f"the job started again ({reason})"})
+    dest = ckpt_dir / "superseded" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    n = 0
+    while dest.exists():
+        n += 1
+        dest = dest.with_name(f"{dest.name.split('-')[0]}-{n}")
+    dest.mkdir(parents=True)
+    for f in files:
+        os.replace(f, dest / f.name)
+    return dest
+
+
+def report_finished(cfg, tracker, state: dict, plan: dict, ckpt_dir: Path, on_eval=None) -> float:
+    """Say that the job is already done and how to go on; returns its final eval accuracy.
+
+    The run is reopened only when it was not closed FINISHED (a kill in the shutdown window,
+    after the final checkpoint): the checkpoint's unsent metrics are sent unless the run holds
+    them, and the run is closed FINISHED. ``on_eval`` (a sweep's objective) is called once with
+    the final eval's metrics as the run records them.
+    """
+    run_id = plan["run_id"]
+    head = "this job is already finished; nothing was trained or logged"
+    if plan["status"] != "FINISHED":
+        from mlflow.entities import Metric
+
+        tracker.start(run_id=run_id)
+        tracker.extend([Metric(k, v, ts, st) for k, v, ts, st in state.get("pending_metrics") or []])
+        tracker.set_tags({"harness.closed_by_rerun": "the final checkpoint was written; the run was not closed"})
+        tracker.end("FINISHED")
+        head = (f"this job is already finished; nothing was trained (its MLflow run was still {plan['status']} "
+                "after the final checkpoint: the metrics that checkpoint held and the run lacked were sent, and "
+                "the run is now closed FINISHED)")
+    else:
+        tracker.run_id = run_id
+    run = tracker.client.get_run(run_id)
+    metrics, tags = run.data.metrics, run.data.tags
+    if on_eval is not None:
+        on_eval(int(plan["step"]), {k: v for k, v in metrics.items() if k.startswith("eval/")})
+    nan = float("nan")
+    lines = [
+        f"== grpo-harness: {head} ==",
+        f"MLflow run    : {run_id} (FINISHED, {tracker.uri})",
+        f"steps         : {plan['step']} (train.steps={cfg.train.steps}); final checkpoint {plan['path']}",
+        f"eval accuracy : {metrics.get('eval/accuracy', nan):.3f}   format rate {metrics.get('eval/format_rate', nan):.3f}"
+        f"   train reward (last step) {metrics.get('train/reward_mean', nan):.3f}",
+        f"outputs       : {tags.get('output_dir', '?')}",
+        f"checkpoints   : {ckpt_dir}",
+        "To go on:",
+        "  start again  : the same command with resume=never (the checkpoints and run.json move to "
+        f"{ckpt_dir}/superseded/<time>/; a new MLflow run), or another checkpoint.dir",
+    ]
+    if cfg.train.lr_schedule == "constant":
+        lines.append(f"  train longer : train.steps=<more than {plan['step']}> continues from the final checkpoint "
+                     "in the same MLflow run")
+    else:
+        lines.append(f"  train longer : with train.lr_schedule={cfg.train.lr_schedule} the lr of every step depends "
+                     "on train.steps, so another train.steps is another job (its own folder and run)")
+    lines.append(f"  the same job : only {', '.join(ALLOWED_TO_DIFFER)} may differ; any other change is another job")
+    print(credentials.redact("\n".join(lines)), flush=True)
+    return float(metrics.get("eval/accuracy", nan))
+
+
 def train(cfg, on_eval=None, on_step=None, rerun_of: str | None = None, recorded: dict | None = None) -> float:
     """Run one job; returns the final eval accuracy (the sweep objective).
+
+    A job that already finished (its final checkpoint in the folder, its MLflow run still in
+    the store) is not trained again: it is reported, and ``on_eval`` is called once with its
+    final eval's metrics (:func:`plan_job`, :func:`report_finished`). Rank 0 holds
+    :func:`job_lock` on the checkpoint folder while the job runs.
 
     Args:
         cfg: a composed :class:`harness.config.Config`.
@@ -190,7 +386,12 @@ def train(cfg, on_eval=None, on_step=None, rerun_of: str | None = None, recorded
         rerun_of, recorded: set by :mod:`harness.rerun`: the MLflow run id this run repeats and
             that run's params (its provenance is compared with this process's).
     """
-    from harness import checkpoint as ckpt
+    with contextlib.ExitStack() as held:  # rank 0's lock on the job's folder, released when the job ends
+        return _train(cfg, held, on_eval, on_step, rerun_of, recorded)
+
+
+def _train(cfg, held: contextlib.ExitStack, on_eval, on_step, rerun_of, recorded) -> float:
+    """:func:`train`'s body; ``held`` keeps :func:`job_lock` until the job ends."""
     from harness import precision
     from harness.distributed import world
     from harness.tracking import NullTracker, Tracker, flatten, resolve_uri
@@ -201,34 +402,35 @@ def train(cfg, on_eval=None, on_step=None, rerun_of: str | None = None, recorded
     output_dir, launch_dir = _hydra_dirs(cfg)
     key = config_key(cfg)
     ckpt_dir = Path(cfg.checkpoint.dir or launch_dir / "checkpoints" / key)
-    # Rank 0 decides what to resume; every rank then reads that file (a shared filesystem).
-    path = None
-    if w.is_main:
-        if cfg.resume:
-            path = ckpt.latest(ckpt_dir) if cfg.resume == "auto" else Path(cfg.resume)
-            path = path if path is not None else ckpt_dir  # load() names the missing folder
-        elif ckpt.latest(ckpt_dir) is not None:
-            path = ckpt.latest(ckpt_dir)
-    path = w.broadcast_object(None if path is None else str(path))
-    state = None
-    if path is not None:
-        found = ckpt.load(path)
-        if not cfg.resume and found.get("config_key") not in (None, key):
-            from harness.tracking import shared_folder_message
-
-            raise ConfigError(shared_folder_message(ckpt_dir, found["config_key"], key))
-        if cfg.resume or not found.get("finished"):
-            state = found
-            if w.is_main and not cfg.resume:
-                log.info("resuming from %s (step %d)", path, found["step"])
-    # Tracking first: an unreachable store is an error before any compute.
+    # Tracking first: an unreachable store is an error before any compute, and the store says
+    # whether a finished checkpoint's run is still there. Rank 0 decides; every rank follows.
     tracker = NullTracker()
+    plan, found = None, None
     if w.is_main:
-        uri = resolve_uri(cfg.tracking.uri)
-        credentials.warn_inline("tracking.uri", uri)
-        if uri.startswith("sqlite:///") and not Path(uri[10:]).is_absolute():
-            uri = "sqlite:///" + str(launch_dir / uri[10:])
-        tracker = Tracker(uri, cfg.tracking.experiment)
+        try:
+            uri = resolve_uri(cfg.tracking.uri)
+            credentials.warn_inline("tracking.uri", uri)
+            if uri.startswith("sqlite:///") and not Path(uri[10:]).is_absolute():
+                uri = "sqlite:///" + str(launch_dir / uri[10:])
+            tracker = Tracker(uri, cfg.tracking.experiment)
+            held.enter_context(job_lock(ckpt_dir))
+            plan, found = plan_job(cfg, ckpt_dir, key, tracker)
+        except BaseException as e:  # the other ranks must not wait for a decision that never comes
+            w.broadcast_object({"error": f"{type(e).__name__} on rank 0"})
+            raise
+    plan = w.broadcast_object(plan)
+    if "error" in plan:
+        raise ConfigError(f"stopped: {plan['error']} (its message is in rank 0's output)")
+    if plan["do"] == "report":
+        acc = plan.get("accuracy", float("nan"))
+        if w.is_main:
+            acc = report_finished(cfg, tracker, found, plan, ckpt_dir, on_eval)
+        return acc
+    state = None
+    if plan["path"] is not None:
+        state = found if w.is_main else ckpt.load(plan["path"])
+        if w.is_main:
+            log.info("resuming from %s (step %d)", plan["path"], state["step"])
     task, tokenizer, policy, critic, backend = build_components(cfg)
     weights_sha256 = None
     if w.is_main and cfg.train.sharding != "none":  # hashed whole, before the Trainer shards it
@@ -241,6 +443,12 @@ def train(cfg, on_eval=None, on_step=None, rerun_of: str | None = None, recorded
     if w.is_main:
         how = tracker.open(ckpt_dir / "run.json", cfg.tracking.run_name or default_run_name(cfg),
                            resume_id=state["run_id"] if state else None, config_key=key)
+        tracker.set_tags({"harness.train_steps": cfg.train.steps})  # MLflow params cannot change: see extend
+        if plan.get("extend_from") is not None:
+            log.info("training longer: train.steps %d -> %d in MLflow run %s", plan["extend_from"], cfg.train.steps,
+                     tracker.run_id)
+            tracker.set_tags({"harness.extended_from": ",".join(filter(None, (plan.get("extended_before"),
+                                                                              str(plan["extend_from"]))))})
     how = w.broadcast_object(how)
     if how == "resumed":
         trainer.load_state_dict(state)

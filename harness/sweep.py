@@ -36,6 +36,9 @@ Resume and crashed workers:
 * Each trial checkpoints into ``<checkpoint.dir or ./checkpoints>/sweeps/<study>/trial<N>-<config
   key>``; a retry uses the original trial's number there, so on the same machine it resumes
   the dead trial's checkpoint and MLflow run. The MLflow run name keeps the original number.
+  When the dead trial's job had finished (the worker stopped after training, before Optuna
+  recorded the trial), the retry trains nothing: :func:`harness.run.train` reports that run and
+  passes its final eval metrics to the objective (``tests/test_sweep.py``).
 * The sampler is seeded with ``seed * 100003 + number of trials already in the study``, so a
   resumed sweep does not repeat the parameters of its first invocation. Workers started together
   on one study should get different ``--seed`` values (``--workers N`` gives worker i seed+i).

@@ -189,9 +189,10 @@ class Tracker:
 
         * ``resume_id`` (the run a checkpoint names) is reopened: ``"resumed"``;
         * else a recorded run (by id, or by token when the kill came before the id was written)
-          that is not FINISHED is reopened: ``"adopted"``; the job restarts from its beginning and
-          whatever the run already holds is not sent again;
-        * else a new run is created: ``"new"`` (a finished run is never resumed).
+          that is not FINISHED (nor deleted) is reopened: ``"adopted"``; the job restarts from its
+          beginning and whatever the run already holds is not sent again;
+        * else a new run is created: ``"new"`` (a finished run is never adopted: a finished job
+          is reported by :func:`harness.run.plan_job` before a run is opened).
 
         A recorded run that is left behind while still RUNNING is closed as KILLED with the tag
         ``harness.superseded_by``. Returns ``"new"``, ``"adopted"`` or ``"resumed"``.
@@ -231,15 +232,42 @@ class Tracker:
             self._call(self.client.set_terminated, recorded.info.run_id, "KILLED")
         return how
 
+    def find_run(self, run_id: str | None):
+        """The MLflow run ``run_id`` if the store holds it and it is not deleted, else None.
+
+        "Deleted" is MLflow's ``delete_run`` (the UI's delete: lifecycle stage ``deleted``) or a
+        run that ``mlflow gc`` removed; a job whose checkpoint names such a run is trained again.
+        Raises:
+            TrackingError: the store cannot be asked (not "no such run").
+        """
+        if not run_id:
+            return None
+        try:
+            run = self.client.get_run(run_id)
+        except Exception as e:
+            if "RESOURCE_DOES_NOT_EXIST" in str(e) or "not found" in str(e).lower() or \
+                    getattr(e, "error_code", "") == "RESOURCE_DOES_NOT_EXIST":
+                return None
+            raise TrackingError(redact(f"tracking store {self.uri!r}: cannot read run {run_id}: {_short(e)}"
+                                       f"{_auth_hint(e)}")) from e
+        return None if run.info.lifecycle_stage == "deleted" else run
+
+    def close_run(self, run_id: str, status: str, tags: dict | None = None) -> None:
+        """Set ``tags`` on another run of this store and close it with ``status`` (best effort)."""
+        for k, v in (tags or {}).items():
+            self._call(self.client.set_tag, run_id, k, redact(str(v)))
+        self._call(self.client.set_terminated, run_id, status)
+
     def _recorded_run(self, rec: dict | None):
         """The MLflow run a record names (by id, else by its token tag), or None."""
         if not rec:
             return None
         if rec.get("run_id"):
             try:
-                return self.client.get_run(rec["run_id"])
+                run = self.client.get_run(rec["run_id"])
             except Exception:
                 return None
+            return None if run.info.lifecycle_stage == "deleted" else run  # a deleted run is never adopted
         if rec.get("token"):
             found = self.client.search_runs([self.experiment_id], f"tags.`harness.run_token` = '{rec['token']}'")
             return found[0] if found else None

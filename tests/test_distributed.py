@@ -238,6 +238,35 @@ def test_kill_one_rank_then_resume(tiny_dir, tmp_path):
     shutil.rmtree(two / "ck", ignore_errors=True)
 
 
+def test_rerun_of_a_finished_two_rank_job_trains_nothing_then_trains_longer(tiny_dir, tmp_path):
+    """torchrun with 2 ranks, then the same command again: rank 0 finds the job finished and tells
+    rank 1; both exit 0 without training, one report is printed, the store still holds one run
+    with every metric once. Then train.steps raised: both ranks continue that run from the final
+    checkpoint."""
+    from mlflow.tracking import MlflowClient
+
+    out, extra = tmp_path / "again", ["checkpoint.every=1"]
+
+    def run_ids() -> list[str]:
+        client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
+        return [r.info.run_id for r in client.search_runs([client.get_experiment_by_name("grpo-harness").experiment_id])]
+
+    launch(tiny_dir, out, 2, 2, extra)
+    first, ids = record(out), run_ids()
+    again = launch(tiny_dir, out, 2, 2, extra)
+    log = again.stdout + again.stderr
+    assert log.count("this job is already finished; nothing was trained or logged") == 1, log[-3000:]
+    assert f"MLflow run    : {ids[0]} (FINISHED" in again.stdout and "step 1/2" not in log
+    second = record(out)  # one run, no step twice
+    assert run_ids() == ids and second["status"] == "FINISHED"
+    assert all(second[k] == first[k] for k in KEYS) and sorted(second["train/loss"]) == [1, 2]
+    longer = launch(tiny_dir, out, 2, 3, extra)
+    assert "training longer: train.steps 2 -> 3" in longer.stdout + longer.stderr
+    third = record(out)
+    assert run_ids() == ids and sorted(third["train/loss"]) == [1, 2, 3] and third["status"] == "FINISHED"
+    assert third["tags"]["harness.extended_from"] == "2" and weights(out)["step"] == 3
+
+
 # ----------------------------------------------------------------------------- FSDP2
 def _history(out: Path, key: str) -> dict:
     from mlflow.tracking import MlflowClient

@@ -150,15 +150,16 @@ def test_jobs_of_different_configs_sharing_one_checkpoint_dir_are_refused(run_di
     with pytest.raises(ConfigError, match=f"checkpoint.dir={ck} holds the run of another config "
                                           f"\\(config key {key0}; this job's is {key1}\\)"):
         run_job(f"checkpoint.dir={ck}", "seed=1")
-    # the same config again is a new run in that folder (a finished run is not resumed)
+    # the same config again: the job is finished, so it is reported and no run is created
     _, again, _ = run_job(f"checkpoint.dir={ck}", "seed=0")
-    assert again.info.run_id != first.info.run_id
+    assert again.info.run_id == first.info.run_id
     # killed before its first checkpoint: only run.json is there, and it is not adopted either
     lone = run_dir / "lone-ck"
     lone.mkdir()
     (lone / "run.json").write_text(json.dumps({"token": "t", "run_id": first.info.run_id, "config_key": key0}))
     with pytest.raises(ConfigError, match="holds the run of another config"):
         run_job(f"checkpoint.dir={lone}", "seed=1")
-    # on purpose: resume=<file> continues from the other config's checkpoint
-    _, resumed, _ = run_job(f"checkpoint.dir={ck}", "seed=1", f"resume={sorted(ck.glob('step_*.pt'))[-1]}")
-    assert resumed.info.run_id == again.info.run_id
+    # on purpose: resume=<file> continues from the other config's (finished) checkpoint, one step further
+    _, resumed, history = run_job(f"checkpoint.dir={ck}", "seed=1", "train.steps=3",
+                                  f"resume={sorted(ck.glob('step_*.pt'))[-1]}")
+    assert resumed.info.run_id == first.info.run_id and [s for s, _ in history("train/loss")] == [1, 2, 3]

@@ -2,12 +2,16 @@
 
 Each try starts the job as a user would (``python -m harness.run ...``), SIGKILLs it after a
 random delay anywhere in its lifetime (imports, startup, the first eval, a step, a checkpoint
-write, a metric flush, the final eval), reruns the same command to completion and compares the
-MLflow experiment with an uninterrupted run of the same job: one run, FINISHED, every metric
-logged exactly once at the same steps with the same values. The window each kill hit is read
-from what it left behind and printed in the test summary.
+write, a metric flush, the final eval, the shutdown window after the final checkpoint, or after
+the process has exited), reruns the same command to completion and compares the MLflow
+experiment with an uninterrupted run of the same job: one run, FINISHED, every metric logged
+exactly once at the same steps with the same values. A job that finished before the kill (or
+whose final checkpoint was written) is rerun too: the rerun reports it and trains nothing. The
+window each kill hit is read from what it left behind and printed in the test summary.
 
-``HARNESS_KILL_TRIES`` sets the number of kills (default 5 in the suite).
+``HARNESS_KILL_TRIES`` sets the number of kills (default 6 in the suite: two before the first
+checkpoint, one anywhere in the run, one the moment the final checkpoint appears, one at a
+random time of the whole lifetime, one after the process exited).
 """
 
 from __future__ import annotations
@@ -67,6 +71,8 @@ def _window(d: Path) -> str:
     _, runs = _runs(d)
     if runs and runs[0].info.status == "FINISHED":
         return "after the run finished (process exit)"
+    if ckpts and ckpts[-1].name == "step_000004.pt":
+        return "shutdown window (final checkpoint written, run not closed)"
     if not ckpts:
         n = len(runs[0].data.metrics) if runs else 0
         return f"before the first checkpoint ({'step-0 eval logged' if n > 2 else 'no eval logged'})"
@@ -100,37 +106,46 @@ def test_random_kills_leave_one_run_with_every_metric_once(reference, tmp_path):
     ref, wall, (t_record, t_first, t_final) = reference
     assert [s for s, _ in ref["train/reward_mean"]] == [1, 2, 3, 4]
     assert [s for s, _ in ref["eval/accuracy"]] == [0, 2, 4]
-    tries = int(os.environ.get("HARNESS_KILL_TRIES", "5"))
+    tries = int(os.environ.get("HARNESS_KILL_TRIES", "6"))
     rng = random.Random(os.environ.get("HARNESS_KILL_SEED"))
     windows = []
+    final = Path("ckpt") / "step_000004.pt"
     for i in range(tries):
         d = tmp_path / f"try{i}"
         d.mkdir()
         proc = subprocess.Popen(_cmd(d), cwd=d, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        # one kill in five at a random time of the whole lifetime; the others a random time after
-        # this try's own run record appears (so they land while the MLflow run exists, whatever
-        # this process's speed), two of those before its first checkpoint is due
+        # per six tries: two kills a random time after this try's own run record appears and
+        # before its first checkpoint is due, one anywhere in the run, one the moment the final
+        # checkpoint appears (the shutdown window: the run is not closed yet), one at a random
+        # time of the whole lifetime (up to after the exit), and one after the process exited
         t_launch = time.monotonic()
-        if i % 5 == 4:
-            delay = rng.uniform(0.2, wall)
+        kind = i % 6
+        if kind == 4:
+            delay = rng.uniform(0.2, wall * 1.1)
+        elif kind == 5:
+            proc.wait(timeout=600)
+            delay = time.monotonic() - t_launch
+        elif kind == 3:
+            while proc.poll() is None and not (d / final).exists():
+                time.sleep(0.005)
+            delay = time.monotonic() - t_launch
         else:
-            span = (t_first - t_record) if i % 5 in (0, 1) else (t_final - t_record + 0.3)
+            span = (t_first - t_record) if kind in (0, 1) else (t_final - t_record + 0.3)
             while proc.poll() is None and not (d / "ckpt" / "run.json").exists() and time.monotonic() - t_launch < 120:
                 time.sleep(0.01)
             delay = time.monotonic() - t_launch + rng.uniform(0.0, max(span, 0.05))
         try:
             proc.wait(timeout=max(delay - (time.monotonic() - t_launch), 0.001))
+            assert proc.returncode == 0
             windows.append(f"{delay:5.1f} s: finished before the kill")
-            continue  # a finished job is never resumed: nothing to rerun
         except subprocess.TimeoutExpired:
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait(timeout=60)
-        windows.append(f"{delay:5.1f} s: {_window(d)}")
-        if "finished" in windows[-1]:  # the job was done: the same command would start a new run
-            assert _history(d).keys() == ref.keys()
-            continue
+            windows.append(f"{delay:5.1f} s: {_window(d)}")
+        done = (d / final).exists()  # the final checkpoint says finished: the rerun reports, trains nothing
         rerun = subprocess.run(_cmd(d), cwd=d, env=_env(), capture_output=True, text=True, timeout=600)
         assert rerun.returncode == 0, rerun.stderr[-3000:]
+        assert ("this job is already finished" in rerun.stdout) == done, (windows[-1], rerun.stdout[-2000:])
         got = _history(d)
         assert got.keys() == ref.keys(), (windows[-1], set(got) ^ set(ref))
         for key in ref:
@@ -138,7 +153,11 @@ def test_random_kills_leave_one_run_with_every_metric_once(reference, tmp_path):
             assert [v for _, v in got[key]] == pytest.approx([v for _, v in ref[key]], rel=1e-6, abs=1e-9), \
                 (windows[-1], key)
     early = sum("before the first checkpoint" in w or "between the run record" in w for w in windows)
-    REPORT.append(f"{tries} kills, {early} before the first checkpoint (uninterrupted run {wall:.1f} s; run record "
+    late = sum("finished" in w or "shutdown window" in w for w in windows)
+    if tries >= 6:
+        assert late >= 1, windows  # the try after the exit always finishes first
+    REPORT.append(f"{tries} kills, {early} before the first checkpoint, {late} at or after the final checkpoint "
+                  f"(uninterrupted run {wall:.1f} s; run record "
                   f"at {t_record:.1f} s, first checkpoint at {t_first:.1f} s, final at {t_final:.1f} s):\n    "
                   + "\n    ".join(windows))
 
@@ -172,7 +191,8 @@ def test_a_finished_run_is_never_adopted_and_a_left_over_running_run_is_closed(t
     done = t.run_id
     t.end("FINISHED")
     t2 = Tracker(uri, "grpo-harness")
-    assert t2.open(record, "job") == "new" and t2.run_id != done  # the same command starts a new run
+    # Tracker level (harness.run reports a finished job before it opens a run; resume=never moves run.json aside)
+    assert t2.open(record, "job") == "new" and t2.run_id != done
     left = t2.run_id
     t3 = Tracker(uri, "grpo-harness")
     assert t3.open(record, "job", resume_id=done) == "resumed"  # resume= another run's checkpoint

@@ -98,6 +98,43 @@ def test_smoke_sweep_resume_and_killed_worker(sweep_dir, capsys):
     assert len(_study(sweep_dir).trials) == 5
 
 
+@pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")
+def test_a_resubmitted_sweep_does_not_train_a_finished_trial_again(sweep_dir, monkeypatch, capsys):
+    """Ctrl-C / SIGTERM (preemption) lands after a trial's job finished but before Optuna recorded
+    the trial: it is FAIL and queued for a retry. The re-submitted sweep retries it in the same
+    trial folder, where the job reports its finished run instead of training again: one MLflow
+    run, every metric once, the retry COMPLETE with that run's final eval accuracy."""
+    import harness.run
+    from mlflow.tracking import MlflowClient
+    from optuna.trial import TrialState
+
+    real = harness.run.train
+
+    def train_then_interrupted(cfg, on_eval=None):
+        real(cfg, on_eval=on_eval)
+        raise KeyboardInterrupt("SIGTERM")
+
+    monkeypatch.setattr(harness.run, "train", train_then_interrupted)
+    path = _write(sweep_dir, "one.yaml", n_trials=1, study_name="one")
+    assert sw.main([path, "train.threads=1"]) == 130
+    assert [t.state for t in _study(sweep_dir, "one").trials] == [TrialState.FAIL, TrialState.WAITING]
+    monkeypatch.setattr(harness.run, "train", real)
+    capsys.readouterr()
+    assert sw.main([path, "train.threads=1"]) == 0
+    assert "this job is already finished; nothing was trained or logged" in capsys.readouterr().out
+    trials = _study(sweep_dir, "one").trials
+    assert len(trials) == 2 and trials[1].state == TrialState.COMPLETE and trials[1].system_attrs["failed_trial"] == 0
+    client = MlflowClient(f"sqlite:///{sweep_dir}/mlflow.db")
+    (run,) = client.search_runs([client.get_experiment_by_name("grpo-harness").experiment_id])
+    assert run.info.run_name == "one-trial0" and run.info.status == "FINISHED"
+    assert trials[1].value == run.data.metrics["eval/accuracy"]
+    assert trials[1].user_attrs["mlflow_run_id"] == run.info.run_id
+    for key in run.data.metrics:
+        steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, key))
+        assert steps == sorted(set(steps)), (key, steps)
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "train/reward_mean")) == [1, 2]
+
+
 def test_pruned_trials_count_and_metric_is_configurable(sweep_dir, monkeypatch, capsys):
     """A stub train: trials 0-1 score 1.0 at every eval, later ones 0.0 -> pruned at step 1."""
     import harness.run
