@@ -19,10 +19,14 @@ import pytest
 
 from tests.conftest import job_threads
 
+# A random tiny model never answers nor stops, so every group's rewards are equal: with a group
+# baseline the advantages would be 0 and nothing would train (the resume would be compared on
+# frozen weights). REINFORCE without a baseline and the overlong penalty (-1 for every truncated
+# completion) give every token an advantage of -1, so the weights move at every step.
 ARGS = ["model=tiny", "task=arith", "train.steps=4", "train.prompts_per_step=2", "group_size=4",
         "rollout.max_new_tokens=10", "eval.size=4", "eval.every=2", "checkpoint.every=1",
         "rollout.progress=false", f"train.threads={job_threads()}", "train.lr=1e-3", "task.format_reward=0.5",
-        "beta=0.1"]
+        "beta=0.1", "advantage=reinforce", "advantage.baseline=none", "overlong.buffer=9", "overlong.penalty=1.0"]
 DETERMINISTIC = ["train/reward_mean", "train/loss", "train/grad_norm", "train/kl", "train/entropy",
                  "train/completion_len_mean", "eval/accuracy", "eval/completion_len_mean"]
 
@@ -73,6 +77,7 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path, dtype):
     assert [s for s, _ in hist_b["train/reward_mean"]] == [1, 2, 3, 4]  # none twice, none missing
     assert [s for s, _ in hist_b["eval/accuracy"]] == [0, 2, 4]
     assert run_a.data.params["model.dtype"] == dtype
+    assert min(v for _, v in hist_a["train/grad_norm"]) > 1e-3, "the weights did not move: the comparison is vacuous"
     if dtype == "float32":
         assert hist_a == hist_b
         return
