@@ -22,7 +22,7 @@ class ModelConfig:
     """Policy model. ``name_or_path``: HF hub id, local folder, or ``embedded:smollm2-135m-instruct``."""
 
     name_or_path: str = "embedded:smollm2-135m-instruct"
-    dtype: str = "float32"  # float32 | bfloat16 | float16
+    dtype: str = "float32"  # float32 | bfloat16 | float16 | float64 (double end to end: exactness checks)
     gradient_checkpointing: bool = False
     # where the policy, reference and critic train: auto = cuda:<LOCAL_RANK> when CUDA is available, else cpu
     device: str = "auto"

@@ -18,6 +18,7 @@ import torch
 from harness.algo import aggregate_loss, explained_variance, value_loss
 from harness.distributed import world
 from harness.logprobs import completion_hidden
+from harness.precision import compute_dtype, upcast
 
 
 @dataclass
@@ -42,15 +43,16 @@ class ValueModel(torch.nn.Module):
         super().__init__()
         self.lm = lm
         self.share_prefix = share_prefix
-        self.value_head = torch.nn.Linear(lm.config.hidden_size, 1)
+        # fp32 (a float64 body: float64, so model.dtype=float64 trains the critic in double too)
+        self.value_head = torch.nn.Linear(lm.config.hidden_size, 1, dtype=compute_dtype(lm))
         torch.nn.init.zeros_(self.value_head.weight)
         torch.nn.init.zeros_(self.value_head.bias)
 
     def forward(self, prompt_ids, prompt_mask, completion_ids, completion_mask) -> torch.Tensor:
-        """``[B, Tp]`` left-padded prompts, ``[B, Tc]`` completions -> ``values [B, Tc]`` float32."""
+        """``[B, Tp]`` left-padded prompts, ``[B, Tc]`` completions -> ``values [B, Tc]`` float32 (float64 model: float64)."""
         h = completion_hidden(self.lm, prompt_ids, prompt_mask, completion_ids, completion_mask,
                               share_prefix=self.share_prefix)
-        return self.value_head(h).squeeze(-1).float()
+        return upcast(self.value_head(h).squeeze(-1))
 
 
 class Critic:
@@ -97,7 +99,7 @@ class Critic:
         dev = next(self.model.parameters()).device
         with autocast(self.cfg.train.precision, dev.type):
             return batched_forward(self.model, prompt_ids, prompt_mask, completion_ids, completion_mask,
-                                   micro_batch_size, self.model.share_prefix, device=dev).float()
+                                   micro_batch_size, self.model.share_prefix, device=dev)
 
     def update(self, batch, micro_batch_size: int) -> dict:
         """One optimizer step on the clipped value loss (token-mean over the whole batch).
@@ -121,7 +123,7 @@ class Critic:
             mb = mb.to(dev)  # the batch stays on CPU; each micro-batch visits the critic's device
             mask = mb.loss_mask.float()
             with autocast(self.cfg.train.precision, dev.type):
-                v = self.model(mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.loss_mask).float()
+                v = self.model(mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.loss_mask)
             per_token, stats = value_loss(v, mb.old_values, mb.returns, mask, clip_range=c.value_clip)
             loss = c.vf_coef * aggregate_loss(per_token, mask, "token-mean", num_tokens=norm["num_tokens"])
             loss.backward()

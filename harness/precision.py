@@ -13,6 +13,11 @@ forward + backward of a SmolLM2-shaped MLP block in fp32 and under bf16 autocast
 :func:`choose` takes bf16 only when it is at least ``MIN_SPEEDUP`` faster. The choice is written
 into the run's config (so the record and :mod:`harness.rerun` repeat it without probing again)
 and the probe's figures are logged (``precision.*`` tags).
+
+``model.dtype=float64`` (with ``train.precision=fp32``) trains in double end to end: the logits,
+log-probs, losses, values, gradients and AdamW state stay float64 (:func:`upcast` keeps them),
+where float32 code casts bf16/fp16 up to fp32. Same maths, rounding ~1e-16 instead of ~1e-7: the
+exactness tests run in it, so a float-order difference cannot pass for a real one (or fail for one).
 """
 
 from __future__ import annotations
@@ -26,6 +31,20 @@ CHOICES = ("fp32", "bf16-autocast", "auto")
 MIN_SPEEDUP = 1.2
 
 LAST_PROBE: dict = {}  # the figures of the last auto choice in this process (logged by harness.run)
+
+
+def upcast(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in at least float32: bf16/fp16 become fp32 (everything numerically delicate runs in
+    fp32), float32 is returned as is and float64 stays float64 (a ``model.dtype=float64`` run
+    computes its log-probs, losses and values in double, not in a silently rounded fp32)."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
+def compute_dtype(model) -> torch.dtype:
+    """The dtype of the log-probs and values computed from ``model``: float64 for a float64
+    model, else float32 (:func:`upcast`)."""
+    p = next(model.parameters(), None)
+    return torch.float64 if p is not None and p.dtype == torch.float64 else torch.float32
 
 
 def autocast(precision: str, device_type: str = "cpu"):

@@ -56,7 +56,7 @@ def config_key(cfg) -> str:
 def build_policy(cfg, tokenizer):
     """The policy model: a random ``model.tiny_config`` architecture or the loaded weights, in
     ``model.dtype``, with ``model.gradient_checkpointing`` applied either way."""
-    from harness.models import dtype_of, load_causal_lm
+    from harness.models import dtype_of, keep_float64, load_causal_lm
 
     if cfg.model.tiny_config:
         from transformers import AutoConfig, AutoModelForCausalLM
@@ -67,7 +67,7 @@ def build_policy(cfg, tokenizer):
         model = AutoModelForCausalLM.from_config(mc)
         model.generation_config.eos_token_id = tokenizer.eos_token_id
         model.generation_config.pad_token_id = tokenizer.pad_token_id
-        model = model.to(dtype_of(cfg.model.dtype))
+        model = keep_float64(model.to(dtype_of(cfg.model.dtype)))
     else:
         model = load_causal_lm(cfg.model.name_or_path, cfg.model.dtype)
     if cfg.model.gradient_checkpointing:

@@ -24,6 +24,7 @@ from harness.distributed import full_weights, world
 from harness.evaluation import evaluate
 from harness.health import HealthMonitor
 from harness.perf import PeakMemory
+from harness.precision import compute_dtype
 from harness.rewards import RewardOutput, compute_rewards, process_step_rewards, shape_rewards
 from harness.rollout import RolloutBatch, SamplingParams, concat_batches, empty_batch
 from harness.update import TrainBatch, batched_logprobs, padding_waste, policy_pass
@@ -351,7 +352,7 @@ class Trainer:
         cfg, mb = self.cfg, self.cfg.train.micro_batch_size
         stats: dict = {}
         warmup = self.critic is not None and self.critic.in_warmup(self.step)
-        self._first_logprobs = torch.zeros(tb.loss_mask.shape, dtype=torch.float32)
+        self._first_logprobs = torch.zeros(tb.loss_mask.shape, dtype=compute_dtype(self.policy))
         for i in range(cfg.mu):  # statistics are averaged over the mu passes
             if self.critic is not None:
                 _accumulate(stats, self.critic.update(tb, mb), cfg.mu)

@@ -21,7 +21,7 @@ from harness.algo import POLICY_LOSSES, ROLLOUT_CORRECTIONS, aggregate_loss, kl_
 from harness.distributed import idle_backward, idle_passes, is_sharded, logprob_forward, world
 from harness.kv import prompt_groups
 from harness.logprobs import token_logprobs
-from harness.precision import autocast
+from harness.precision import autocast, upcast
 
 
 @dataclass
@@ -143,7 +143,7 @@ def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, quantile: float
     valid = mask > 0
     if quantile >= 1.0 or not bool(valid.any()):
         return valid
-    threshold = torch.quantile(entropy.detach()[valid].float(), 1.0 - quantile)
+    threshold = torch.quantile(upcast(entropy.detach()[valid]), 1.0 - quantile)
     return valid & (entropy.detach() >= threshold)
 
 
@@ -231,7 +231,7 @@ def policy_pass(policy, batch: TrainBatch, cfg, micro_batch_size: int, beta=None
     for idx, mb in mbs:
         mb = mb.to(dev)  # the batch stays on CPU; each micro-batch visits the model's device
         mask = mb.loss_mask.float()
-        with autocast(cfg.train.precision, dev.type):  # bf16 matmuls; log-probs and everything after in fp32
+        with autocast(cfg.train.precision, dev.type):  # bf16 matmuls; log-probs and everything after in fp32 (fp64)
             logp, entropy = forward(
                 mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.loss_mask,
                 temperature=cfg.rollout.temperature, chunk=cfg.train.logprob_chunk, with_entropy=True,
@@ -278,16 +278,19 @@ def batched_forward(fn, prompt_ids, prompt_mask, completion_ids, completion_mask
                      share_prefix=False, device=None):
     """Run ``fn(prompt_ids, prompt_mask, completion_ids, completion_mask) -> [b, tc]`` over
     length-sorted, trimmed micro-batches; results in the original row order, zero-padded back to
-    ``[B, Tc]`` float32 (log-probs of the old/reference policy, critic values) on the inputs'
-    device. ``device``: where ``fn``'s model is (each micro-batch is moved there and back)."""
+    ``[B, Tc]`` float32 (log-probs of the old/reference policy, critic values; float64 when ``fn``
+    returns float64: a float64 model's are not rounded to fp32) on the inputs' device.
+    ``device``: where ``fn``'s model is (each micro-batch is moved there and back)."""
     out = torch.zeros(completion_ids.shape, dtype=torch.float32, device=completion_ids.device)
     move = (lambda t: t.to(device)) if device is not None else (lambda t: t)
     order = length_order(prompt_mask, completion_mask, _groups(prompt_ids, prompt_mask, share_prefix))
     for start in range(0, len(order), micro_batch_size):
         idx = order[start : start + micro_batch_size]
         p0, tc = _trim_bounds(prompt_mask[idx], completion_mask[idx])
-        out[idx, :tc] = fn(move(prompt_ids[idx, p0:]), move(prompt_mask[idx, p0:]), move(completion_ids[idx, :tc]),
-                           move(completion_mask[idx, :tc])).float().to(out.device)
+        part = upcast(fn(move(prompt_ids[idx, p0:]), move(prompt_mask[idx, p0:]), move(completion_ids[idx, :tc]),
+                         move(completion_mask[idx, :tc])))
+        out = out.to(part.dtype)  # float64 from the first float64 part on (the zeros so far are exact)
+        out[idx, :tc] = part.to(out.device)
     return out
 
 

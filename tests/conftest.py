@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import platform
 from pathlib import Path
 
 import pytest
+import torch
 
 pytest_plugins = ["tests.tiers"]  # the slow / distributed / servers / vllm markers (make test-fast)
 
@@ -17,6 +19,40 @@ CONF = ROOT / "conf"
 os.environ.setdefault("HARNESS_GSM8K_DIR", str(SHARED / "gsm8k"))
 os.environ.setdefault("HARNESS_MATH_DIR", str(SHARED / "math"))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# HARNESS_TEST_THREADS=n: the thread count of every process the tests train in: this one
+# (torch.set_num_threads, at the start of the session) and the jobs the exactness tests launch
+# (OMP_NUM_THREADS: n for one process, n // ranks per torchrun rank, at least 1). Unset: torch's
+# default here, one thread in launched jobs. CI runs the exactness family (``-m exactness``) under 2
+# threads and again under 1: the two block their float sums differently, as two CPUs do, so a
+# comparison that holds only by one CPU's rounding fails in CI too (.ci/run).
+TEST_THREADS = int(os.environ.get("HARNESS_TEST_THREADS") or 0)
+if TEST_THREADS:
+    torch.set_num_threads(TEST_THREADS)
+
+
+def job_threads(ranks: int = 1) -> str:
+    """OMP_NUM_THREADS for a launched job of ``ranks`` processes (see ``TEST_THREADS``)."""
+    return str(max(TEST_THREADS // ranks, 1)) if TEST_THREADS else "1"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def pytest_report_header(config):
+    """Which machine a report came from: float rounding (and so a tolerance that is too tight)
+    depends on the CPU's vector width and the thread count."""
+    return (f"cpu: {_cpu_model()} ({os.cpu_count()} logical CPUs), torch {torch.__version__} capability "
+            f"{torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads"
+            f"{f' (HARNESS_TEST_THREADS={TEST_THREADS})' if TEST_THREADS else ''}")
+
 
 # Small, fast job used by most pipeline tests (a few seconds with the tiny model).
 QUICK = [
@@ -45,10 +81,13 @@ def tokenizer():
     return load_tokenizer(EMBEDDED_NAME)
 
 
-def tiny_llama(tokenizer, seed: int = 0, **kw):
-    """A 2-layer random Llama with the embedded tokenizer's vocabulary (float32, eval mode off)."""
-    import torch
+def tiny_llama(tokenizer, seed: int = 0, dtype: torch.dtype = torch.float32, **kw):
+    """A 2-layer random Llama with the embedded tokenizer's vocabulary (eval mode off), in ``dtype``
+    (float64: computing in double end to end, :func:`harness.models.keep_float64`; the same
+    initial values as the float32 model, upcast)."""
     from transformers import LlamaConfig, LlamaForCausalLM
+
+    from harness.models import keep_float64
 
     torch.manual_seed(seed)
     cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -58,7 +97,7 @@ def tiny_llama(tokenizer, seed: int = 0, **kw):
     model = LlamaForCausalLM(cfg)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
-    return model
+    return keep_float64(model.to(dtype))
 
 
 @pytest.fixture
@@ -105,8 +144,6 @@ def dense_rewards(monkeypatch):
     real = run_mod.build_policy
 
     def build(cfg, tokenizer):
-        import torch
-
         model = real(cfg, tokenizer)
         head = model.get_output_embeddings().weight
         d = torch.randn(head.shape[1], generator=torch.Generator().manual_seed(knob_probe.EOS_SEED))

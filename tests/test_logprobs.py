@@ -1,5 +1,11 @@
-"""Training log-probabilities must reproduce what sampling saw (left padding, temperature)."""
+"""Training log-probabilities must reproduce what sampling saw (left padding, temperature).
 
+The two equalities of computations (left-padded vs alone, chunked vs full softmax) run in float64
+to 1e-10, where the paths' different summation orders are ~1e-16 apart, and in float32 against its
+rounding noise (1e-5).
+"""
+
+import pytest
 import torch
 
 from harness.logprobs import build_inputs, token_logprobs
@@ -7,13 +13,20 @@ from harness.rollout.hf import completion_mask_from_ids
 from tests.conftest import tiny_llama
 
 
+DTYPES = pytest.mark.parametrize("dtype,tol", [
+    pytest.param(torch.float64, dict(atol=1e-12, rtol=1e-10), id="float64"),
+    pytest.param(torch.float32, dict(atol=1e-5, rtol=1e-5), id="float32")])
+
+
 def _ids(tokenizer, text):
     return torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]])
 
 
-def test_left_padding_parity(tokenizer):
+@pytest.mark.exactness
+@DTYPES
+def test_left_padding_parity(tokenizer, dtype, tol):
     """A row with 5 left pads gives the same completion logprobs as the unpadded row."""
-    model = tiny_llama(tokenizer).eval()
+    model = tiny_llama(tokenizer, dtype=dtype).eval()
     prompt = _ids(tokenizer, "Ana has 12 apples. How many?")
     comp = _ids(tokenizer, " She has 12.")
     pad = torch.full((1, 5), tokenizer.pad_token_id)
@@ -23,20 +36,26 @@ def test_left_padding_parity(tokenizer):
     c_ids, c_mask = comp.repeat(2, 1), torch.ones(2, comp.shape[1], dtype=torch.long)
     padded, _ = token_logprobs(model, p_ids[:1], p_mask[:1], c_ids[:1], c_mask[:1])
     alone, _ = token_logprobs(model, prompt, torch.ones_like(prompt), comp, torch.ones_like(comp))
-    torch.testing.assert_close(padded, alone, atol=1e-5, rtol=1e-5)
+    assert padded.dtype == dtype
+    torch.testing.assert_close(padded, alone, **tol)
 
 
-def test_chunked_logprobs_equal_full_softmax_with_temperature(tokenizer):
+@pytest.mark.exactness
+@DTYPES
+def test_chunked_logprobs_equal_full_softmax_with_temperature(tokenizer, dtype, tol):
     """Chunked LM-head log-probs (chunk=3) equal log_softmax(logits / T) of a plain forward."""
-    model = tiny_llama(tokenizer).eval()
+    model = tiny_llama(tokenizer, dtype=dtype).eval()
     prompt, comp = _ids(tokenizer, "1 + 2 ="), _ids(tokenizer, " 3, and 4 + 5 = 9")
     logp, ent = token_logprobs(model, prompt, torch.ones_like(prompt), comp, torch.ones_like(comp),
                                temperature=0.7, chunk=3, with_entropy=True)
     full = torch.cat([prompt, comp], 1)
     logits = model(full).logits[:, prompt.shape[1] - 1 : -1] / 0.7
     ref = torch.log_softmax(logits, -1)
-    torch.testing.assert_close(logp, ref.gather(-1, comp.unsqueeze(-1)).squeeze(-1), atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(ent, -(ref.exp() * ref).sum(-1), atol=1e-4, rtol=1e-4)
+    assert logp.dtype == ent.dtype == dtype
+    torch.testing.assert_close(logp, ref.gather(-1, comp.unsqueeze(-1)).squeeze(-1), **tol)
+    # the entropy sums 49,152 terms: float32 to 1e-4
+    ent_tol = tol if dtype == torch.float64 else dict(atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(ent, -(ref.exp() * ref).sum(-1), **ent_tol)
 
 
 def test_build_inputs_positions_match_generate_convention():

@@ -1,4 +1,9 @@
-"""Shared-prefix forward: each group's prompt runs once, results equal the full forward."""
+"""Shared-prefix forward: each group's prompt runs once, results equal the full forward.
+
+The equalities run in float64 to 1e-10 (the two paths sum in different orders: ~1e-16 relative
+apart in double, while a wrong cache, position or mask is off by far more) and in float32 against
+its rounding noise (the tolerances below, ~100x float32's 1e-7 for a 2-layer forward/backward).
+"""
 
 import pytest
 import torch
@@ -29,6 +34,15 @@ def _grouped(tokenizer, U=3, G=4, Tp=9, Tc=6, seed=1):
     return p_ids, p_mask, c_ids, c_mask, perm // G  # last: the true prompt index of each row
 
 
+F64 = dict(atol=1e-12, rtol=1e-10)
+
+
+def _dtypes(atol, rtol):
+    """float64 to 1e-10 and float32 to (``atol``, ``rtol``), as pytest parameters."""
+    return pytest.mark.parametrize("dtype,tol", [pytest.param(torch.float64, F64, id="float64"),
+                                                 pytest.param(torch.float32, dict(atol=atol, rtol=rtol), id="float32")])
+
+
 def _grads(model):
     return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
 
@@ -47,9 +61,11 @@ def test_prompt_groups_finds_repeated_prompts(tokenizer):
     assert len(prompt_groups(p_ids, m2)[0]) == 4
 
 
-def test_shared_prefix_logprobs_and_gradients_match_full_forward(tokenizer):
+@pytest.mark.exactness
+@_dtypes(atol=2e-5, rtol=1e-4)
+def test_shared_prefix_logprobs_and_gradients_match_full_forward(tokenizer, dtype, tol):
     p_ids, p_mask, c_ids, c_mask, _ = _grouped(tokenizer)
-    model = tiny_llama(tokenizer)
+    model = tiny_llama(tokenizer, dtype=dtype)
     out = {}
     for share in (False, True):
         model.zero_grad(set_to_none=True)
@@ -57,37 +73,45 @@ def test_shared_prefix_logprobs_and_gradients_match_full_forward(tokenizer):
         ((lp * c_mask).sum() + 0.1 * (ent * c_mask).sum()).backward()
         out[share] = (lp.detach() * c_mask, ent.detach() * c_mask, _grads(model))
     for a, b in zip(out[False], out[True]):
-        torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4)
+        assert a.dtype == dtype
+        torch.testing.assert_close(a, b, **tol)
     assert out[True][2].abs().sum() > 0
 
 
-def test_policy_pass_gradient_same_with_and_without_sharing(tokenizer):
+@pytest.mark.exactness
+@_dtypes(atol=1e-6, rtol=1e-4)
+def test_policy_pass_gradient_same_with_and_without_sharing(tokenizer, dtype, tol):
     p_ids, p_mask, c_ids, c_mask, true = _grouped(tokenizer)
     adv = torch.randn(len(true), generator=torch.Generator().manual_seed(2))[:, None].expand_as(c_mask) * c_mask
     grads = []
     for share in (False, True):
-        model = tiny_llama(tokenizer)
+        model = tiny_llama(tokenizer, dtype=dtype)
         s = compose("policy_loss.epsilon=0.2", "beta=0.0", "entropy_coef=0.01", "loss_agg=seq-mean-token-mean",
                     "rollout.temperature=0.7", "train.logprob_chunk=4", f"train.share_prefix={share}")
         stats = policy_pass(model, TrainBatch(p_ids, p_mask, c_ids, c_mask, adv), s, micro_batch_size=4)
         grads.append(_grads(model))
         assert abs(stats["ratio_mean"] - 1.0) < 1e-6  # on-policy
-    torch.testing.assert_close(grads[0], grads[1], atol=1e-6, rtol=1e-4)
+    assert grads[0].dtype == dtype
+    torch.testing.assert_close(grads[0], grads[1], **tol)
 
 
-def test_batched_logprobs_and_values_shared_match_unshared(tokenizer):
+@pytest.mark.exactness
+@_dtypes(atol=2e-5, rtol=1e-4)
+def test_batched_logprobs_and_values_shared_match_unshared(tokenizer, dtype, tol):
     p_ids, p_mask, c_ids, c_mask, _ = _grouped(tokenizer)
-    model = tiny_llama(tokenizer)
+    model = tiny_llama(tokenizer, dtype=dtype)
     kw = dict(temperature=1.0, chunk=4, micro_batch_size=4)
     a = batched_logprobs(model, p_ids, p_mask, c_ids, c_mask, **kw)
     b = batched_logprobs(model, p_ids, p_mask, c_ids, c_mask, share_prefix=True, **kw)
-    torch.testing.assert_close(a * c_mask, b * c_mask, atol=2e-5, rtol=1e-4)
-    critic = ValueModel(tiny_llama(tokenizer))
+    assert a.dtype == dtype
+    torch.testing.assert_close(a * c_mask, b * c_mask, **tol)
+    critic = ValueModel(tiny_llama(tokenizer, dtype=dtype))
     torch.nn.init.normal_(critic.value_head.weight)
     v0 = critic(p_ids, p_mask, c_ids, c_mask)
     critic.share_prefix = True
     v1 = critic(p_ids, p_mask, c_ids, c_mask)
-    torch.testing.assert_close(v0 * c_mask, v1 * c_mask, atol=2e-5, rtol=1e-4)
+    assert v0.dtype == dtype
+    torch.testing.assert_close(v0 * c_mask, v1 * c_mask, **tol)
 
 
 def test_group_order_keeps_prompts_together_and_waste_counts_each_prompt_once(tokenizer):
@@ -116,8 +140,13 @@ def test_no_repeats_falls_back_to_plain_forward(tokenizer, monkeypatch):
     assert not called
 
 
-def test_trainer_metrics_match_with_and_without_share_prefix(run_dir, monkeypatch):
-    """Same seed, same rollout: the step's losses, KL and values agree whether prompts are shared."""
+@pytest.mark.exactness
+@pytest.mark.parametrize("dtype,rel,abs_", [pytest.param("float64", 1e-10, 1e-12, id="float64"),
+                                            pytest.param("float32", 1e-3, 1e-5, id="float32")])
+def test_trainer_metrics_match_with_and_without_share_prefix(run_dir, monkeypatch, dtype, rel, abs_):
+    """Same seed, same rollout: the step's losses, KL and values agree whether prompts are shared.
+    float64 to 1e-10; float32 to 1e-3, step 2 coming after an AdamW step that turns float32
+    rounding of near-zero gradients into lr-sized steps (tests/knob_probe.adamw_noise_ok)."""
     import harness.logprobs as lp
     from tests.conftest import run_job
 
@@ -128,14 +157,14 @@ def test_trainer_metrics_match_with_and_without_share_prefix(run_dir, monkeypatc
     got = {}
     for share in (False, True):
         _, _, history = run_job(f"train.share_prefix={share}", "advantage=ppo", "beta=0.04", "mu=2",
-                                "train.lr=1e-3", "eval.every=0")
+                                "train.lr=1e-3", "eval.every=0", f"model.dtype={dtype}")
         assert bool(calls) == share  # the flag reaches the training forwards
         got[share] = {k: [v for _, v in history(k)] for k in keys}
         waste = [v for _, v in history("perf/padding_waste")]
         assert len(waste) == 2 and all(0.0 <= v < 1.0 for v in waste)
     for k in keys:
         assert len(got[True][k]) == 2, k
-        assert got[True][k] == pytest.approx(got[False][k], rel=1e-3, abs=1e-5), k
+        assert got[True][k] == pytest.approx(got[False][k], rel=rel, abs=abs_), k
 
 
 def test_rollout_shared_prefill_same_greedy_completions_and_prefills_once(tokenizer):

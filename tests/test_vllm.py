@@ -197,12 +197,19 @@ def test_embedded_model_sampler_and_trainer_logprobs_agree_at_temperature_0_7(to
     assert float(d.abs().max()) < 1e-3 and float(trainer[m].std()) > 0.1
 
 
+@pytest.mark.exactness
 def test_two_ranks_with_one_vllm_engine_each_equal_one_process(tokenizer, tmp_path):
     """torchrun with rollout=vllm: every rank builds its own engine (the weights written on every
     rank, not only rank 0 as transformers' save_pretrained does under a process group), samples its
     share of the rows with their global seeds and re-syncs after each step; the run equals the
-    one-process vLLM run (same completions, so the same loss, grad norm and weights to 1e-5), and
-    both engines shut down before the process group does (no error at exit)."""
+    one-process vLLM run (same completions, so the same loss, grad norm and weights), and both
+    engines shut down before the process group does (no error at exit).
+
+    float32, not float64 as the other distributed equalities (tests/test_distributed.py): vLLM's
+    CPU engine has no float64 kernels. So the tolerance is float32's noise: step 1 (before any
+    optimizer step) to 1e-5, step 2 to 2e-4, the weights by tests/knob_probe.adamw_noise_ok (on
+    this 4x wider model AdamW's first steps turned float-order differences of near-zero gradient
+    entries into ~3e-5, measured, against moves of 1e-3)."""
     from tests.test_distributed import assert_same, launch
 
     folder = tmp_path / "tiny64"
@@ -213,7 +220,5 @@ def test_two_ranks_with_one_vllm_engine_each_equal_one_process(tokenizer, tmp_pa
     launch(folder, one, 1, 2, extra)
     proc = launch(folder, two, 2, 2, extra)
     assert "Invalid process group" not in proc.stdout + proc.stderr
-    # metrics to 1e-5; weights to 1e-4: on this 4x wider model, AdamW's first steps (update ~ lr * g / |g|)
-    # turn float-order differences of near-zero gradient entries into ~3e-5 (measured), against moves of 1e-3
-    a, _ = assert_same(one, two, 2, folder, weight_tol=1e-4)
+    a, _ = assert_same(one, two, 2, folder, float32=True)
     assert a["tags"]["world_size"] == "1"
