@@ -16,7 +16,7 @@ export TOKENIZERS_PARALLELISM := false
 
 install: $(STAMP)
 
-# Optional: launchers (submitit, Ray), the PostgreSQL driver and MLflow's auth app (README, "Cluster").
+# Optional: launchers (submitit, Ray), the PostgreSQL driver and MLflow's auth app (docs/cluster.md).
 # The cluster tests also need PostgreSQL's server binaries (Debian: apt-get install postgresql).
 install-cluster: $(STAMP)
 	$(BIN)/pip install -q -e ".[dev,cluster]"

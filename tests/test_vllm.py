@@ -175,7 +175,7 @@ def test_two_step_training_run_with_vllm(run_dir):
 @pytest.mark.slow
 def test_embedded_model_sampler_and_trainer_logprobs_agree_at_temperature_0_7(tokenizer):
     """SmolLM2-135M in fp32: vLLM's sampled-token log-probs at T=0.7 against the trainer's forward
-    (harness.logprobs) on the same tokens; the measured mismatch is printed (README quotes it)."""
+    (harness.logprobs) on the same tokens; the measured mismatch is printed (docs/vllm.md quotes it)."""
     from harness.models import EMBEDDED_NAME, load_causal_lm
     from harness.tasks import build_task
     from tests.conftest import compose

