@@ -395,7 +395,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep", required=True)
     ap.add_argument("--experiment", default="grpo-harness")
     ap.add_argument("--baseline", default="grpo")
-    ap.add_argument("--out", default="results")
+    ap.add_argument("--out", default="reports", help="output folder (default: reports/, git-ignored; "
+                    "--out results regenerates the committed report)")
     ap.add_argument("--boot", type=int, default=2000)
 
     a = ap.parse_args(argv)

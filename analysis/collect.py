@@ -1,6 +1,6 @@
 """Collect grpo-harness MLflow runs into tidy pandas DataFrames.
 
-Produces two frames and writes them under ``--out`` (default ``results/``):
+Produces two frames and writes them under ``--out`` (default ``reports/``, git-ignored):
 
 - ``runs.csv``: one row per run -- ``run_id``, ``run_name``, ``experiment``, ``status``,
   convenience columns (``estimator``, ``group_size``, ``seed``, ``task``, ``model``,
@@ -306,7 +306,7 @@ def add_query_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keep-duplicates", action="store_true",
                         help="keep every run of a job that was trained more than once (same config_key tag); "
                              "by default only the latest FINISHED one is kept and the others are named")
-    parser.add_argument("--out", default=DEFAULT_OUT, help="output folder (default: results)")
+    parser.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default: {DEFAULT_OUT}/, git-ignored)")
     parser.add_argument("--stale-after-hours", type=float, default=6.0,
                         help="close RUNNING runs whose process is gone or whose heartbeat is older than this "
                              "as KILLED (default 6; a negative value disables)")

@@ -491,6 +491,14 @@ def _train(cfg, held: contextlib.ExitStack, on_eval, on_step, rerun_of, recorded
     return summarize(history, tracker, output_dir, ckpt_dir)
 
 
+def next_commands(uri: str) -> list[str]:
+    """The summary's last lines: how to look at this run, and how to compare it with others."""
+    where = f"--tracking-uri {uri}"
+    return [f"look at it    : mlflow ui --backend-store-uri {uri}   (then open http://127.0.0.1:5000)",
+            f"compare runs  : python -m analysis.report {where} [--sweep ID --a estimator=grpo --b estimator=rloo]"
+            "   (-> reports/)"]
+
+
 def summarize(history: dict, tracker, output_dir: Path, ckpt_dir: Path) -> float:
     """Print before/after accuracy, reward trend and where the outputs are; return final accuracy."""
     steps = sorted(history)
@@ -507,7 +515,7 @@ def summarize(history: dict, tracker, output_dir: Path, ckpt_dir: Path) -> float
         lines.append(f"train reward  : first half mean {sum(rewards[:half]) / half:.3f}, "
                      f"second half mean {sum(rewards[half:]) / max(1, len(rewards) - half):.3f}")
     lines += [f"MLflow run    : {tracker.run_id} ({tracker.uri})", f"outputs       : {output_dir}",
-              f"checkpoints   : {ckpt_dir}"]
+              f"checkpoints   : {ckpt_dir}", *next_commands(tracker.uri)]
     print(credentials.redact("\n".join(lines)), flush=True)
     return float(last.get("eval/accuracy", float("nan")))
 
