@@ -104,6 +104,46 @@ def provenance_differences(runs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["key", "values"])
 
 
+MIN_RUNS_FOR_INTERVAL = 3
+
+
+def budget_warnings(per_run: pd.DataFrame, history: pd.DataFrame, by) -> list[str]:
+    """Warnings that a comparison cannot say much at this budget.
+
+    * an arm (one value of the ``by`` columns) with fewer than 3 runs: a t-interval over 1 seed does
+      not exist and over 2 has 1 degree of freedom;
+    * two runs of different arms whose ``train/reward_mean`` histories are identical: the arms drew
+      the same rewards (a few steps at a small lr barely move the policy, and seeded sampling then
+      draws the same completions), so the comparison has no signal at this budget.
+    """
+    if per_run.empty:
+        return []
+    by = [c for c in by if c in per_run.columns]
+    out = []
+    if by:
+        counts = per_run.groupby(by, dropna=False).size()
+        for key, n in counts.items():
+            if n < MIN_RUNS_FOR_INTERVAL:
+                label = key if isinstance(key, tuple) else (key,)
+                out.append(f"arm `{' '.join(str(v) for v in label)}` has {n} run{'s' if n != 1 else ''}: no interval "
+                           f"possible: run more seeds (at least {MIN_RUNS_FOR_INTERVAL}).")
+    if not history.empty and by:
+        rew = history[history["key"] == "train/reward_mean"].sort_values(["step", "timestamp"])
+        seqs = {rid: tuple(g.drop_duplicates("step", keep="last")["value"].round(12)) for rid, g in rew.groupby("run_id")}
+        arm = {r.run_id: tuple(str(getattr(r, c)) for c in by) for r in per_run.itertuples()}
+        seen: dict[tuple, str] = {}
+        for rid in per_run["run_id"]:
+            s = seqs.get(rid)
+            if not s or len(s) < 2:
+                continue
+            other = seen.get(s)
+            if other is not None and arm.get(other) != arm.get(rid):
+                out.append(f"runs {other[:8]} (`{' '.join(arm[other])}`) and {rid[:8]} (`{' '.join(arm[rid])}`) drew "
+                           f"identical rewards at every step {list(s)}: no signal at this budget.")
+            seen.setdefault(s, rid)
+    return out
+
+
 def write_report(out: str | Path, coll: Collection, frames: dict[str, pd.DataFrame],
                  plots: dict[str, Path], meta: dict | None = None) -> Path:
     """Write ``<out>/REPORT.md`` from the collection, compare frames and plot paths."""
@@ -124,7 +164,10 @@ def write_report(out: str | Path, coll: Collection, frames: dict[str, pd.DataFra
               "step span.", ""]
     wide = summary_wide(frames.get("summary", pd.DataFrame()))
     lines.append(markdown_table(wide) if not wide.empty else "_No finished runs with metrics._\n")
-    mixed = mixed_params(coll.runs, meta.get("group_by_cols") or ["estimator", "group_size"])
+    by_cols = meta.get("group_by_cols") or ["estimator", "group_size"]
+    for w in budget_warnings(frames.get("per_run", pd.DataFrame()), coll.history, by_cols):
+        lines += ["", f"**Warning:** {w}"]
+    mixed = mixed_params(coll.runs, by_cols)
     if mixed:
         lines += ["", "**Warning:** within a group, runs differ in more than the seed, so the CI mixes "
                   f"configurations: {', '.join(f'`{m}`' for m in mixed)}. Filter with `--sweep`/`--tag` "

@@ -185,3 +185,21 @@ def test_accuracy_band_stays_in_range_and_needs_three_runs():
     assert 0.0 <= lo < hi <= 1.0
     lo, hi = bootstrap_band([0.40, 0.42, 0.44, 0.46])
     assert 0.40 <= lo < 0.43 < hi <= 0.46
+
+
+def test_budget_warnings_name_small_arms_and_identical_reward_histories():
+    from analysis.report import budget_warnings
+
+    per_run = pd.DataFrame({"run_id": ["r1aaaaaaaa", "r2bbbbbbbb", "r3cccccccc", "r4dddddddd", "r5eeeeeeee"],
+                            "estimator": ["grpo", "grpo", "ppo", "ppo", "ppo"], "group_size": [4] * 5})
+    rows = []
+    for rid, vals in {"r1aaaaaaaa": [0.25, 0.25, 0.5], "r2bbbbbbbb": [0.0, 0.5, 0.75],
+                      "r3cccccccc": [0.25, 0.25, 0.5], "r4dddddddd": [0.1, 0.2, 0.3], "r5eeeeeeee": [0.3, 0.2, 0.1]}.items():
+        rows += [{"run_id": rid, "key": "train/reward_mean", "step": s + 1, "value": v, "timestamp": s}
+                 for s, v in enumerate(vals)]
+    w = budget_warnings(per_run, pd.DataFrame(rows), ["estimator", "group_size"])
+    assert len(w) == 2, w
+    assert w[0].startswith("arm `grpo 4` has 2 runs: no interval possible")  # ppo has 3: no warning
+    assert "r1aaaaaa (`grpo 4`) and r3cccccc (`ppo 4`) drew identical rewards" in w[1]
+    # the same arm repeating itself is not a warning; nor is a lone arm of 3 runs
+    assert budget_warnings(per_run[per_run.estimator == "ppo"], pd.DataFrame(rows), ["estimator"]) == []
