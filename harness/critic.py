@@ -49,7 +49,8 @@ class ValueModel(torch.nn.Module):
         torch.nn.init.zeros_(self.value_head.bias)
 
     def forward(self, prompt_ids, prompt_mask, completion_ids, completion_mask) -> torch.Tensor:
-        """``[B, Tp]`` left-padded prompts, ``[B, Tc]`` completions -> ``values [B, Tc]`` float32 (float64 model: float64)."""
+        """``[B, Tp]`` left-padded prompts, ``[B, Tc]`` completions -> ``values [B, Tc]`` float32
+        (float64 for a float64 model)."""
         h = completion_hidden(self.lm, prompt_ids, prompt_mask, completion_ids, completion_mask,
                               share_prefix=self.share_prefix)
         return upcast(self.value_head(h).squeeze(-1))

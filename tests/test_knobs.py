@@ -363,7 +363,8 @@ def test_speed_knob_float32_within_rounding_noise():
     base = _baseline((), "hash")
     changed = probe("train.micro_batch_size=1")
     for what in ("rollout", "prompts", "eval", "rewards", "advantages"):
-        assert same(base[what], changed[what], rtol=1e-5, atol=1e-7), f"changed {what}: {diff(base[what], changed[what], rtol=1e-5, atol=1e-7)}"
+        assert same(base[what], changed[what], rtol=1e-5, atol=1e-7), \
+            f"changed {what}: {diff(base[what], changed[what], rtol=1e-5, atol=1e-7)}"
     for what in ("loss", "grad_norm"):
         assert same(base[what][0], changed[what][0], rtol=1e-5, atol=1e-8), \
             f"step 1's {what}: {diff(base[what][0], changed[what][0], rtol=1e-5, atol=1e-8)}"

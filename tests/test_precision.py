@@ -106,3 +106,15 @@ def test_mixed_precision_needs_fp32_master_weights():
         validate(compose("model=tiny", "train.precision=bf16-autocast", "model.dtype=bfloat16"))
     with pytest.raises(ConfigError, match="train.precision"):
         validate(compose("model=tiny", "train.precision=bf16"))
+
+
+def test_float64_is_accepted_with_hf_and_refused_with_vllm():
+    """model.dtype=float64 (double end to end, for exactness checks) runs on the hf backend; vLLM
+    has no float64 kernels, so startup refuses it naming both keys."""
+    from harness.validate import ConfigError, validate
+
+    validate(compose("model=tiny", "model.dtype=float64"))
+    with pytest.raises(ConfigError, match="model.dtype=float64 with rollout=vllm"):
+        validate(compose("model=tiny", "model.dtype=float64", "rollout=vllm"))
+    with pytest.raises(ConfigError, match="model.dtype='float128'"):
+        validate(compose("model=tiny", "model.dtype=float128"))
