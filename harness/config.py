@@ -124,6 +124,7 @@ class VLLMRolloutConfig(RolloutConfig):
     CPU_ONLY: ClassVar[tuple] = ("kv_cache_gib",)  # refused when changed on a GPU machine
     OWN_BATCHES: ClassVar[bool] = True  # the engine schedules its batches: rollout.batch_size must stay 0
     SHARDABLE: ClassVar[bool] = False  # its weights are a copy: syncing FSDP2 shards into it is not written
+    NO_FLOAT64: ClassVar[bool] = True  # vLLM's engines have no float64 kernels: model.dtype=float64 is refused
 
     backend: str = "vllm"
     dtype: str = "auto"  # engine dtype; auto = the policy's

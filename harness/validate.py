@@ -123,8 +123,8 @@ def validate(cfg) -> None:
            f"rollout.batch_size={cfg.rollout.batch_size} with rollout={cfg.rollout.backend}: that engine schedules "
            "its own batches; leave rollout.batch_size at 0")
     _choice("model.dtype", cfg.model.dtype, ["float32", "bfloat16", "float16", "float64"])
-    _check(cfg.model.dtype != "float64" or cfg.rollout.backend == "hf",
-           f"model.dtype=float64 with rollout={cfg.rollout.backend}: vLLM's engines have no float64 kernels; "
+    _check(cfg.model.dtype != "float64" or not getattr(schema, "NO_FLOAT64", False),
+           f"model.dtype=float64 with rollout={cfg.rollout.backend}: that engine has no float64 kernels; "
            "use rollout=hf (float64 is for exactness checks, see harness.precision) or model.dtype=float32")
     _choice("model.device", cfg.model.device, ["auto", "cpu", "cuda"])
     _check(cfg.model.device != "cuda" or gpu, "model.device=cuda: no CUDA device is visible on this machine "
