@@ -312,7 +312,8 @@ def power_analysis(test: dict, sd: float, n: int) -> dict:
         delta = test["delta"]
         crit = stats.t.ppf(1 - alpha / 2, df)
         nc = delta / se
-        out.update(delta=delta, power=float(1 - stats.nct.cdf(crit, df, nc) + stats.nct.cdf(-crit, df, nc)),
+        lower = float(np.nan_to_num(stats.nct.cdf(-crit, df, nc)))  # scipy gives nan for a negligible tail
+        out.update(delta=delta, power=float(stats.nct.sf(crit, df, nc)) + lower,
                    mde=min_detectable(sd, n, alpha), seeds_needed=seeds_needed(sd, delta, alpha))
     else:
         m = test["margin"]
