@@ -167,24 +167,30 @@ def test_train_metric_last_third_is_the_window_mean(in_tmp):
 
 
 # ------------------------------------------------------------------------------ resume
-def test_resume_launches_only_the_missing_jobs(in_tmp, monkeypatch):
+@pytest.fixture
+def launched(monkeypatch):
+    """The commands run_missing launches (nothing runs: each process has exited 0)."""
+    cmds = []
+
+    class FakePopen:
+        def __init__(self, cmd):
+            cmds.append(cmd)
+
+        def poll(self):
+            return 0
+
+    monkeypatch.setattr(study, "_launch", FakePopen)
+    monkeypatch.setattr(study.time, "sleep", lambda s: None)
+    return cmds
+
+
+def test_resume_launches_only_the_missing_jobs(in_tmp, launched):
     """A: seeds 0-2 FINISHED; B: seed 0 FINISHED, seed 1 FAILED (killed), seed 2 never started ->
     one multirun, arm B, seeds 1 and 2, into the study's store with the arm's sweep tag."""
     root = _store(in_tmp, "s", [("A", s, 30, None, "FINISHED") for s in range(3)]
                   + [("B", 0, 70, None, "FINISHED"), ("B", 1, 50, None, "FAILED")])
     path = _spec(in_tmp)
     spec = study.load_study(path)
-    launched = []
-
-    class FakePopen:
-        def __init__(self, cmd):
-            launched.append(cmd)
-
-        def poll(self):
-            return 0
-
-    monkeypatch.setattr(study.subprocess, "Popen", FakePopen)
-    monkeypatch.setattr(study.time, "sleep", lambda s: None)
     todo = study.run_missing(spec, root, log=lambda m: None)
     assert todo == {"B": [1, 2]}
     assert len(launched) == 1
@@ -204,20 +210,9 @@ def test_resume_launches_only_the_missing_jobs(in_tmp, monkeypatch):
     assert study.run_missing(spec, root, log=lambda m: None) == {} and launched == []
 
 
-def test_two_arms_missing_run_at_once_with_one_job_each(in_tmp, monkeypatch):
+def test_two_arms_missing_run_at_once_with_one_job_each(in_tmp, launched):
     root = in_tmp / "results"
     spec = study.load_study(_spec(in_tmp))
-    launched = []
-
-    class FakePopen:
-        def __init__(self, cmd):
-            launched.append(cmd)
-
-        def poll(self):
-            return 0
-
-    monkeypatch.setattr(study.subprocess, "Popen", FakePopen)
-    monkeypatch.setattr(study.time, "sleep", lambda s: None)
     assert study.run_missing(spec, root, log=lambda m: None) == {"A": [0, 1, 2], "B": [0, 1, 2]}
     assert [c[c.index("hydra.launcher.n_jobs=1")] for c in launched] == ["hydra.launcher.n_jobs=1"] * 2
     assert (root / "studies" / "s" / "registration.json").exists()  # registered at the first launch
