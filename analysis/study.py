@@ -21,6 +21,8 @@ A study file (``studies/<name>.yaml``) is the pre-registration. Keys:
   ``kind: equivalence`` with ``margin`` (in the metric's units, stated up front); ``alpha``;
   ``delta``: the effect size the power statement is about (difference tests);
 * ``launcher`` (``joblib``, ``slurm``, ``ray_local``: ``conf/hydra/launcher``) and ``jobs``;
+* optional ``secondary``: metrics reported per arm but not tested; ``not_run``: why the study has
+  no runs (shown in the index);
 * ``gpu``: the same keys (``base``, ``arms``, ``seeds``, ``steps``, ``eval_size``) for a GPU machine,
   run with ``--gpu`` into ``results/studies/<name>/gpu/``.
 
@@ -501,11 +503,34 @@ def write_report(spec: dict, result: dict, records: dict, path: Path, study_file
             lines.append(f"At this spread TOST with {p['seeds']} seeds has power {p['power']:.2f} to show "
                          f"equivalence within {_num(p['margin'], s)} when the true difference is 0; 80% power "
                          f"needs **{p['seeds_needed']} seeds** per arm.")
+    lines += _secondary_lines(spec, records, client)
     lines += ["", "## Plot", "", *plots, "", "## Provenance", "",
               f"- machine: {meta['machine']}; runs between {meta['first']} and {meta['last']} (UTC)",
               *[f"- {x}" for x in meta.get("provenance", [])], ""]
     path.write_text("\n".join(lines))
     return path
+
+
+def _secondary_lines(spec: dict, records: dict, client=None) -> list[str]:
+    """``secondary`` metrics of the study file (not part of the test): per arm, the mean over seeds
+    of each run's mean over its logged steps, per seed in brackets."""
+    names = spec.get("secondary") or []
+    if not names or not any(records.values()):
+        return []
+    from mlflow.tracking import MlflowClient
+
+    client = client or MlflowClient(store_uri(spec))
+    out = ["", "## Secondary metrics (not tested)", "", "Mean over all logged steps of each run; per seed in brackets.",
+           "", "| metric | " + " | ".join(spec["arms"]) + " |", "|---|" + "---|" * len(spec["arms"])]
+    for name in names:
+        cells = []
+        for arm in spec["arms"]:
+            per = {s: np.mean([m.value for m in client.get_metric_history(r.run_id, name)] or [math.nan])
+                   for s, r in sorted(records.get(arm, {}).items())}
+            cells.append(f"{np.mean(list(per.values())):.4g} [" + ", ".join(f"{v:.4g}" for v in per.values()) + "]"
+                         if per else "n/a")
+        out.append(f"| `{name}` | " + " | ".join(cells) + " |")
+    return out
 
 
 def run_meta(records: dict, machine: str) -> dict:
@@ -537,7 +562,8 @@ def index(root: Path = RESULTS, studies: Path = Path("studies")) -> Path:
             "Pre-registered studies (`studies/<name>.yaml`), each run and reported by "
             "`python -m analysis.study studies/<name>.yaml` (see `analysis/study.py`); regenerate every report "
             "from the committed stores with `python -m analysis.study --no-run studies/*.yaml`.", "",
-            "| study | claim | source | our setup | effect (CI) | verdict | power | report |", "|---|---|---|---|---|---|---|---|"]
+            "| study | claim | source | our setup | effect (CI) | verdict | power | report | regenerate |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for f in sorted(studies.glob("*.yaml")):
         spec = load_study(f)
         res_path = study_dir(spec, root) / "result.json"
@@ -550,7 +576,7 @@ def index(root: Path = RESULTS, studies: Path = Path("studies")) -> Path:
         else:
             eff, ver, power, report = "n/a", f"not run ({spec.get('not_run', 'no finished run yet')})", "n/a", "-"
         rows.append(f"| `{spec['name']}` | {spec['claim']} | {spec['source']} | {spec.get('setup', '')} | {eff} | "
-                    f"{ver} | {power} | {report} |")
+                    f"{ver} | {power} | {report} | `python -m analysis.study {f.as_posix()}` |")
     out = root / "STUDIES.md"
     out.write_text("\n".join(rows) + "\n")
     return out

@@ -159,11 +159,14 @@ def test_train_metric_last_third_is_the_window_mean(in_tmp):
            + [("B", s, None, b[s], "FINISHED") for s in (0, 1)])
     metric = {"name": "train/entropy", "summary": "last_third", "scale": 1}
     _, res = _report(in_tmp, _spec(in_tmp, name="t", metric=metric, seeds=(0, 1), steps=6,
-                                   test={"kind": "difference", "sign": 1, "alpha": 0.05, "delta": 0.01}))
+                                   test={"kind": "difference", "sign": 1, "alpha": 0.05, "delta": 0.01},
+                                   secondary=["train/entropy"]))
     assert res["per_seed"] == pytest.approx([0.15, 0.12])
     assert res["effect"] == pytest.approx(0.135) and res["units"] == 2
     assert res["verdict"] == "reproduced"  # every resample of the 4 step differences is > 0
     assert res["per_arm"]["A"] == pytest.approx({0: 0.10, 1: 0.10})
+    # secondary: A's mean over all 6 steps, seed 0 2.8/6, seed 1 2.6/6, mean 0.45
+    assert "| `train/entropy` | 0.45 [0.4667, 0.4333] |" in (in_tmp / "results" / "studies" / "t.md").read_text()
 
 
 # ------------------------------------------------------------------------------ resume
