@@ -110,3 +110,25 @@ def test_clip_fractions_of_the_other_losses_equal_hand_counts():
     # sapo, tau 1: the gate weight 4 sig (1 - sig) falls below 1/2 only for |r - 1| > ln(5.83) = 1.76: r = 4.0
     s = _stats("sapo", [[0.5, 1.5, 4.0, 1.0]], [[1.0, 1.0, 1.0, -1.0]], tau_pos=1.0, tau_neg=1.0)
     assert (s["clip_frac_low"], s["clip_frac_high"]) == pytest.approx((0.0, 1 / 4))
+
+
+def test_entropy_is_the_first_pass_of_each_step_with_mu_2(run_dir, monkeypatch):
+    """With mu=2 the second pass sees the updated policy: train/entropy is the first pass's
+    (the sampling distribution), the other statistics the mean over the passes. The real passes
+    run; their entropy is replaced by the pass count 1, 2, 3, 4 to tell them apart."""
+    import harness.trainer as trainer_mod
+
+    real, calls, grad_norms = trainer_mod.policy_pass, [], []
+
+    def counted(*args, **kw):
+        s = real(*args, **kw)
+        calls.append(len(calls) + 1)
+        s["entropy"] = float(calls[-1])
+        s["ratio_mean"] = float(calls[-1])
+        return s
+
+    monkeypatch.setattr(trainer_mod, "policy_pass", counted)
+    _, run, history = run_job("mu=2")
+    assert calls == [1, 2, 3, 4]
+    assert history("train/entropy") == [(1, 1.0), (2, 3.0)]  # first pass of each step
+    assert history("train/ratio_mean") == [(1, 1.5), (2, 3.5)]  # mean over the 2 passes
