@@ -428,6 +428,8 @@ def test_text(spec: dict) -> str:
 
 
 def verdict_text(spec: dict, result: dict) -> str:
+    if not result["runs_finished"]:
+        return f"not run ({spec.get('not_run', 'no finished run in its store yet')})"
     v = result["verdict"]
     p = result["power"]
     if result["runs_finished"] < result["runs_registered"]:
@@ -575,8 +577,9 @@ def index(root: Path = RESULTS, studies: Path = Path("studies")) -> Path:
             report = f"[{spec['name']}.md](studies/{spec['name']}.md)"
         else:
             eff, ver, power, report = "n/a", f"not run ({spec.get('not_run', 'no finished run yet')})", "n/a", "-"
-        rows.append(f"| `{spec['name']}` | {spec['claim']} | {spec['source']} | {spec.get('setup', '')} | {eff} | "
-                    f"{ver} | {power} | {report} | `python -m analysis.study {f.as_posix()}` |")
+        cells = [f"`{spec['name']}`", spec["claim"], spec["source"], spec.get("setup", ""), eff, ver, power, report,
+                 f"`python -m analysis.study {f.as_posix()}`"]
+        rows.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
     out = root / "STUDIES.md"
     out.write_text("\n".join(rows) + "\n")
     return out
@@ -588,7 +591,8 @@ def report(spec: dict, study_file: Path, root: Path = RESULTS, machine: str | No
     provenance = _annotate(spec, records, root) if any(records.values()) else []
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(store_uri(spec, root))
+    # no client on a study never run: opening the uri would create an empty store
+    client = MlflowClient(store_uri(spec, root)) if any(records.values()) else None
     result = analyse(spec, records, client=client)
     meta = {**run_meta(records, machine or _machine()), "provenance": provenance}
     suffix = "-gpu" if spec.get("variant") == "gpu" else ""
