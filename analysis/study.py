@@ -566,6 +566,7 @@ def index(root: Path = RESULTS, studies: Path = Path("studies")) -> Path:
             "from the committed stores with `python -m analysis.study --no-run studies/*.yaml`.", "",
             "| study | claim | source | our setup | effect (CI) | verdict | power | report | regenerate |",
             "|---|---|---|---|---|---|---|---|---|"]
+    short = ["| study | claim | effect (CI) | verdict |", "|---|---|---|---|"]
     for f in sorted(studies.glob("*.yaml")):
         spec = load_study(f)
         res_path = study_dir(spec, root) / "result.json"
@@ -580,9 +581,29 @@ def index(root: Path = RESULTS, studies: Path = Path("studies")) -> Path:
         cells = [f"`{spec['name']}`", spec["claim"], spec["source"], spec.get("setup", ""), eff, ver, power, report,
                  f"`python -m analysis.study {f.as_posix()}`"]
         rows.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
+        link = f"[{spec['name']}](results/studies/{spec['name']}.md)" if res_path.exists() else f"`{spec['name']}`"
+        short.append("| " + " | ".join(str(c).replace("|", "\\|") for c in (link, spec["claim"], eff, ver)) + " |")
     out = root / "STUDIES.md"
     out.write_text("\n".join(rows) + "\n")
+    readme = Path("README.md")
+    if root == RESULTS and readme.exists():
+        update_readme(readme, short)
     return out
+
+
+README_MARKS = ("<!-- studies-table: copied from results/STUDIES.md -->", "<!-- /studies-table -->")
+
+
+def update_readme(readme: Path, rows: list[str]) -> bool:
+    """Put ``rows`` (a short markdown table) between the README's studies-table markers; False when
+    the markers are not there (the README is left as it is)."""
+    text = readme.read_text()
+    start, end = README_MARKS
+    if start not in text or end not in text:
+        return False
+    head, rest = text.split(start, 1)
+    readme.write_text(head + start + "\n" + "\n".join(rows) + "\n" + end + rest.split(end, 1)[1])
+    return True
 
 
 def report(spec: dict, study_file: Path, root: Path = RESULTS, machine: str | None = None) -> dict:

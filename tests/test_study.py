@@ -276,3 +276,13 @@ def test_tost_power_is_zero_when_the_margin_is_below_the_critical_value():
     p = study.power_analysis({"kind": "equivalence", "margin": 0.1, "alpha": 0.05}, 0.1, 2)
     assert p["power"] == 0.0 and p["seeds_needed"] == ablation.seeds_needed(0.1, 0.1, 0.10, 0.9)
     assert math.isnan(study.power_analysis({"kind": "difference", "delta": 0.1}, math.nan, 1)["sd"])
+
+
+def test_readme_table_goes_between_the_markers_only(tmp_path):
+    readme = tmp_path / "README.md"
+    start, end = study.README_MARKS
+    readme.write_text(f"# x\n{start}\nold row\n{end}\nafter\n")
+    assert study.update_readme(readme, ["| a |", "|---|"])
+    assert readme.read_text() == f"# x\n{start}\n| a |\n|---|\n{end}\nafter\n"
+    readme.write_text("no markers\n")
+    assert not study.update_readme(readme, ["| a |"]) and readme.read_text() == "no markers\n"
