@@ -22,7 +22,7 @@ A study file (``studies/<name>.yaml``) is the pre-registration. Keys:
   ``delta``: the effect size the power statement is about (difference tests);
 * ``launcher`` (``joblib``, ``slurm``, ``ray_local``: ``conf/hydra/launcher``) and ``jobs``;
 * optional ``secondary``: metrics reported per arm but not tested; ``not_run``: why the study has
-  no runs (shown in the index);
+  no runs (shown in the index); ``notes``: text written after the runs, quoted in the report;
 * ``gpu``: the same keys (``base``, ``arms``, ``seeds``, ``steps``, ``eval_size``) for a GPU machine,
   run with ``--gpu`` into ``results/studies/<name>/gpu/``.
 
@@ -505,6 +505,8 @@ def write_report(spec: dict, result: dict, records: dict, path: Path, study_file
             lines.append(f"At this spread TOST with {p['seeds']} seeds has power {p['power']:.2f} to show "
                          f"equivalence within {_num(p['margin'], s)} when the true difference is 0; 80% power "
                          f"needs **{p['seeds_needed']} seeds** per arm.")
+    if spec.get("notes"):
+        lines += ["", "## Notes written after the runs (not part of the registration)", "", spec["notes"].strip()]
     lines += _secondary_lines(spec, records, client)
     lines += ["", "## Plot", "", *plots, "", "## Provenance", "",
               f"- machine: {meta['machine']}; runs between {meta['first']} and {meta['last']} (UTC)",
