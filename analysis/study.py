@@ -510,7 +510,7 @@ def write_report(spec: dict, result: dict, records: dict, path: Path, study_file
         lines += ["", "## Notes written after the runs (not part of the registration)", "", spec["notes"].strip()]
     lines += _secondary_lines(spec, records, client)
     lines += ["", "## Plot", "", *plots, "", "## Provenance", "",
-              f"- machine: {meta['machine']}; runs between {meta['first']} and {meta['last']} (UTC)",
+              f"- machine: {meta['machine']}; runs started between {meta['first']} and {meta['last']} (UTC)",
               *[f"- {x}" for x in meta.get("provenance", [])], ""]
     path.write_text("\n".join(lines))
     return path
