@@ -7,10 +7,39 @@ import torch
 from harness.algo import pass_at_k
 from harness.rollout import SamplingParams
 
+BY_OUTCOME = ("completion_len_correct_mean", "completion_len_incorrect_mean")
+
+
+def completion_len_by_outcome(lengths, correct, prefix: str) -> dict:
+    """Mean completion length of the correct and of the incorrect completions.
+
+    Args:
+        lengths: ``[N]`` completion lengths in tokens, up to and including EOS (the rollout's
+            ``completion_mask`` summed over tokens).
+        correct: ``[N]`` verdicts (bool / 0-1), the same rows.
+        prefix: ``"train"`` or ``"eval"``.
+    Returns:
+        ``{prefix}/completion_len_correct_mean`` and ``{prefix}/completion_len_incorrect_mean``
+        (tokens, float); a key is left out when no completion has that outcome (never logged as
+        0). Weighted by the accuracy ``a`` they recombine to the overall mean:
+        ``a * correct_mean + (1 - a) * incorrect_mean = mean(lengths)``.
+    Raises:
+        ValueError: ``lengths`` and ``correct`` differ in size.
+    """
+    lengths = torch.as_tensor(lengths, dtype=torch.float64).flatten()
+    correct = torch.as_tensor(correct).flatten().to(torch.bool)
+    if lengths.shape != correct.shape:
+        raise ValueError(f"lengths {tuple(lengths.shape)} and correct {tuple(correct.shape)} differ in size")
+    out = {}
+    for name, rows in zip(BY_OUTCOME, (correct, ~correct)):
+        if bool(rows.any()):
+            out[f"{prefix}/{name}"] = float(lengths[rows].mean())
+    return out
+
 
 def evaluate(task, backend, tokenizer, problems, *, max_new_tokens: int, num_samples: int = 0,
              temperature: float = 1.0, batch_size: int = 64, log_samples: int = 8, seed: int | None = None,
-             first_index: int = 0, correct_out: list | None = None):
+             first_index: int = 0, correct_out: list | None = None, lengths_out: list | None = None):
     """Score the policy on ``problems``.
 
     Args:
@@ -28,8 +57,12 @@ def evaluate(task, backend, tokenizer, problems, *, max_new_tokens: int, num_sam
             so a problem's samples are seeded by its global index.
         correct_out: when a list, the greedy verdict of each problem (1 / 0, in order) is appended
             to it (per-problem results for intervals over eval problems, :mod:`analysis.ablation`).
+        lengths_out: when a list, each greedy completion's length in tokens (up to and including
+            EOS) is appended to it, in order.
     Returns:
-        (metrics dict with ``eval/accuracy``, ``eval/format_rate``[, ``eval/mean_at_k``,
+        (metrics dict with ``eval/accuracy``, ``eval/format_rate``, ``eval/completion_len_mean``,
+        ``eval/completion_len_correct_mean`` / ``..._incorrect_mean`` (greedy completions; each
+        left out when no completion has that outcome, :func:`completion_len_by_outcome`)[, ``eval/mean_at_k``,
         ``eval/pass_at_k``, ``eval/num_samples``], list of sample rows).
     """
     prompts = [task.prompt(p, tokenizer) for p in problems]
@@ -43,11 +76,14 @@ def evaluate(task, backend, tokenizer, problems, *, max_new_tokens: int, num_sam
     verdicts = task.score(texts, golds)
     if correct_out is not None:
         correct_out.extend(int(bool(v.correct)) for v in verdicts)
+    if lengths_out is not None:
+        lengths_out.extend(int(x) for x in lengths)
     n = max(len(problems), 1)
     metrics = {
         "eval/accuracy": sum(v.correct for v in verdicts) / n,
         "eval/format_rate": sum(v.formatted for v in verdicts) / n,
         "eval/completion_len_mean": sum(lengths) / n,
+        **completion_len_by_outcome(lengths, [bool(v.correct) for v in verdicts], "eval"),
     }
     rows = [
         {"problem_id": p.id, "prompt": p.question, "completion": t, "gold": p.gold,

@@ -21,7 +21,7 @@ from harness import checkpoint as ckpt
 from harness.algo import GROUP_FILTERS, KL_CONTROLLERS, TOKEN_ESTIMATORS, AdvantageContext
 from harness import distributed
 from harness.distributed import full_weights, world
-from harness.evaluation import evaluate
+from harness.evaluation import BY_OUTCOME, completion_len_by_outcome, evaluate
 from harness.health import HealthMonitor
 from harness.perf import PeakMemory
 from harness.precision import compute_dtype
@@ -285,6 +285,7 @@ class Trainer:
             "train/frac_reward_zero_std": float((r.std(dim=1) == 0).float().mean()),
             "train/completion_len_mean": float(lengths.float().mean()),
             "train/completion_len_max": float(lengths.max()),
+            **completion_len_by_outcome(lengths, grew.correct, "train"),
             "train/clipped_ratio": float(w.gather_rows(batch.truncated).float().mean()),
             "train/advantage_abs_mean": float((adv.advantages.abs() * gmask).sum() / max(n_tokens, 1)),
             "train/lr": lr, "train/kl_coef": self.kl_coef, "train/skipped_updates": float(self.skipped),
@@ -349,6 +350,11 @@ class Trainer:
         return rew.rewards
 
     def _update(self, tb: TrainBatch) -> dict:
+        """``mu`` optimizer steps on ``tb``; the statistics (logged as ``train/<name>``) are means
+        over the passes, except ``entropy``: the first pass's, i.e. the mean per-token entropy
+        (nats) of the sampling distribution (the policy before this step's updates, logits divided
+        by ``rollout.temperature``, before any top-k / top-p truncation) over the loss tokens,
+        token-weighted over micro-batches and ranks (:func:`harness.update.policy_pass`)."""
         cfg, mb = self.cfg, self.cfg.train.micro_batch_size
         stats: dict = {}
         warmup = self.critic is not None and self.critic.in_warmup(self.step)
@@ -367,7 +373,11 @@ class Trainer:
                 return stats | s
             self.bad_steps = 0
             self.opt.step()
+            if i == 0 and "entropy" in s:
+                first_entropy = s["entropy"]
             _accumulate(stats, s, cfg.mu)
+        if "entropy" in stats:
+            stats["entropy"] = first_entropy
         if not warmup:
             self.sched.step()
         return stats
@@ -392,21 +402,25 @@ class Trainer:
         problems = self.task.eval[: cfg.eval.size] if cfg.eval.size else self.task.eval
         share = w.shard(len(problems))
         correct: list[int] = []
+        lengths: list[int] = []
         with full_weights(self.policy):
             m, rows = evaluate(self.task, self.backend, self.tok, problems[share.start : share.stop],
                            max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
                            num_samples=cfg.eval.num_samples, temperature=cfg.eval.temperature,
                            batch_size=cfg.eval.batch_size, log_samples=cfg.eval.log_samples,
                            seed=cfg.seed * 1_000_003 + 999_983 * (step + 1), first_index=share.start,
-                           correct_out=correct)
+                           correct_out=correct, lengths_out=lengths)
         correct = [c for part in w.gather_objects(correct) for c in part]  # eval-set order
         if w.is_main:  # per-problem greedy verdicts: intervals over problems (analysis.ablation)
             self.tracker.log_text(json.dumps({"step": step, "problem_ids": [p.id for p in problems],
                                               "correct": correct}), f"eval/correct_step_{step:06d}.json")
         if w.distributed:
             n = max(len(problems), 1)
+            # means over outcomes are not share-weighted: recomputed from the gathered lengths
+            lengths = [x for part in w.gather_objects(lengths) for x in part]
+            m = {k: v for k, v in m.items() if k.removeprefix("eval/") not in BY_OUTCOME}
             summed = w.sum_dict({k: v * len(share) for k, v in m.items() if k != "eval/num_samples"})
-            m = {**m, **{k: v / n for k, v in summed.items()}}
+            m = {**m, **{k: v / n for k, v in summed.items()}, **completion_len_by_outcome(lengths, correct, "eval")}
         if rows and w.is_main:
             self.tracker.log_table(rows, f"samples/eval_step_{step:06d}.json")
         if self.on_eval is not None:

@@ -215,7 +215,11 @@ def policy_pass(policy, batch: TrainBatch, cfg, micro_batch_size: int, beta=None
             each row's trimmed length), e.g. for :class:`harness.trainer.StepRecord`.
     Returns:
         token-weighted means of the loss statistics over the batch (python floats); ``loss`` is
-        the full-batch loss.
+        the full-batch loss; ``entropy`` the mean per-token entropy (nats) over the loss tokens of
+        ``policy``'s distribution with logits divided by ``rollout.temperature`` (the sampling
+        distribution on the first pass, before any top-k / top-p truncation);
+        ``clip_frac_low`` / ``clip_frac_high`` the policy loss's sided clip fractions (TRL's
+        ``clip_ratio/low_mean`` / ``high_mean``, :mod:`harness.algo.policy_losses`).
     """
     norm = global_normalizers(batch.loss_mask)
     total_tokens = max(norm["num_tokens"], 1.0)

@@ -16,6 +16,13 @@ weight (rollout correction) that multiplies the per-token loss, as verl applies
 Stats are detached 0-dim tensors, means over valid tokens: every loss reports ``ratio_mean``,
 ``approx_kl`` (k3 of the token ratio, ``KL(pi_old || pi)``) and ``clip_frac`` (the fraction of
 tokens whose gradient the loss's clip or selection removes or bounds), plus its own.
+Every loss also reports ``clip_frac_low`` and ``clip_frac_high``, the sides of ``clip_frac``
+(``clip_frac = clip_frac_low + clip_frac_high``; TRL logs them as ``clip_ratio/low_mean`` and
+``clip_ratio/high_mean``): for the PPO-style clip (ppo_clip, gspo, clip_cov) ``low`` counts
+``r < 1 - eps_low`` with ``A < 0`` and ``high`` counts ``r > 1 + eps_high`` with ``A > 0`` (TRL's
+``is_low_clipped`` / ``is_high_clipped``); cispo and gmpo count the weight (log-ratio) clamped
+from below / from above whatever the sign of ``A``; sapo counts its gated tokens with ``r < 1`` /
+``r > 1``; kl_cov and pg clip nothing (both 0).
 """
 
 from __future__ import annotations
@@ -50,6 +57,14 @@ def _ratio_stats(logprobs, old_logprobs, mask) -> Stats:
     with torch.no_grad():
         lr = _zero_masked(token_log_ratio(logprobs.detach(), old_logprobs, mask), mask)
         return {"ratio_mean": masked_mean(torch.exp(lr), mask), "approx_kl": masked_mean(torch.expm1(lr) - lr, mask)}
+
+
+def _sided(low: Tensor, high: Tensor, mask: Tensor) -> Stats:
+    """``clip_frac_low`` / ``clip_frac_high`` (means over valid tokens of the bool ``[B, T]``
+    masks ``low`` / ``high``, which never overlap) and their sum ``clip_frac``."""
+    low, high = low.detach().to(mask.dtype), high.detach().to(mask.dtype)
+    return {"clip_frac_low": masked_mean(low, mask), "clip_frac_high": masked_mean(high, mask),
+            "clip_frac": masked_mean(low + high, mask)}
 
 
 def _check_eps(name: str, value, allow_none: bool = False) -> None:
@@ -141,7 +156,7 @@ def cispo(logprobs, old_logprobs, advantages, mask, p: CISPOParams, weights=None
     w = ratio.clamp(min=lo, max=1.0 + p.epsilon_high)
     loss = _weighted(-w * adv * logprobs, weights, mask)
     stats = _ratio_stats(logprobs, old_logprobs, mask)
-    stats["clip_frac"] = masked_mean((w != ratio).to(ratio.dtype), mask)
+    stats.update(_sided(ratio < w, ratio > w, mask))
     return loss, stats
 
 
@@ -175,7 +190,8 @@ def sapo(logprobs, old_logprobs, advantages, mask, p: SAPOParams, weights=None) 
     stats = _ratio_stats(logprobs, old_logprobs, mask)
     with torch.no_grad():
         sig = torch.sigmoid(tau * (ratio - 1.0))
-        stats["clip_frac"] = masked_mean((4 * sig * (1 - sig) < 0.5).to(ratio.dtype), mask)
+        gated = 4 * sig * (1 - sig) < 0.5
+        stats.update(_sided(gated & (ratio < 1), gated & (ratio > 1), mask))
     return loss, stats
 
 
@@ -216,7 +232,7 @@ def gmpo(logprobs, old_logprobs, advantages, mask, p: GMPOParams, weights=None) 
         seq_loss = seq_loss * torch.exp((torch.log(weights.detach() + 1e-10) * mask).sum(-1) / n)
     loss = _zero_masked(seq_loss.unsqueeze(-1).expand_as(lr), mask)
     stats = _ratio_stats(logprobs, old_logprobs, mask)
-    stats["clip_frac"] = masked_mean((lr != clamped).to(lr.dtype), mask)
+    stats.update(_sided(lr < clamped, lr > clamped, mask))
     return loss, stats
 
 
@@ -303,7 +319,7 @@ def kl_cov(logprobs, old_logprobs, advantages, mask, p: KLCovParams, weights=Non
         sel = sel.view_as(loss) * (mask > 0)
     loss = _weighted(loss + sel * p.ppo_kl_coef * lr.abs(), weights, mask)
     stats = _ratio_stats(logprobs, old_logprobs, mask)
-    stats["clip_frac"] = torch.zeros((), dtype=loss.dtype)
+    stats.update({k: torch.zeros((), dtype=loss.dtype) for k in ("clip_frac", "clip_frac_low", "clip_frac_high")})
     stats["cov_selected_frac"] = masked_mean(sel, mask)
     return loss, stats
 
@@ -327,7 +343,7 @@ def pg(logprobs, old_logprobs, advantages, mask, p: PGParams, weights=None) -> T
     adv = token_advantages(logprobs, old_logprobs, advantages, mask)
     loss = _weighted(-adv * logprobs, weights, mask)
     stats = _ratio_stats(logprobs, old_logprobs, mask)
-    stats["clip_frac"] = torch.zeros((), dtype=loss.dtype)
+    stats.update({k: torch.zeros((), dtype=loss.dtype) for k in ("clip_frac", "clip_frac_low", "clip_frac_high")})
     return loss, stats
 
 

@@ -1,0 +1,673 @@
+"""Pre-registered studies: one YAML file per claim, one command runs what is missing and reports.
+
+    python -m analysis.study studies/positive_control.yaml            # run missing jobs, then report
+    python -m analysis.study --no-run studies/*.yaml                   # reports from the stores only
+    python -m analysis.study --gpu studies/dapo_clip_higher.yaml       # the file's GPU arm set
+
+A study file (``studies/<name>.yaml``) is the pre-registration. Keys:
+
+* ``name`` (= the file stem), ``claim`` (one sentence), ``source`` (paper, figure / table),
+  ``setup`` (our setup in a few words), ``design`` (why this task, prompt, budget: the pilot's
+  figures, written before the study ran);
+* ``base``: overrides of ``conf/config.yaml`` shared by every arm; ``arms``: ``{arm: [overrides]}``;
+  ``control`` and ``treatment``: the two arms compared (effect = treatment - control, paired by seed);
+* ``seeds``, ``steps`` (``train.steps``), ``eval_size`` (``eval.size``, the first N problems of the
+  task's fixed eval set);
+* ``metric``: ``name`` (an MLflow metric) and ``summary``: ``final`` / ``auc`` (greedy eval accuracy
+  from the per-problem verdicts each eval logs, :mod:`analysis.ablation`) or ``last_third`` (the mean
+  of a per-step train metric over the last ceil(steps/3) steps); ``scale`` multiplies it for display
+  (100: points);
+* ``test``: ``kind: difference`` with ``sign`` (+1 / -1, the direction the claim predicts) or
+  ``kind: equivalence`` with ``margin`` (in the metric's units, stated up front); ``alpha``;
+  ``delta``: the effect size the power statement is about (difference tests);
+* ``launcher`` (``joblib``, ``slurm``, ``ray_local``: ``conf/hydra/launcher``) and ``jobs``;
+* optional ``secondary``: metrics reported per arm but not tested; ``not_run``: why the study has
+  no runs (shown in the index); ``notes``: text written after the runs, quoted in the report;
+* ``gpu``: the same keys (``base``, ``arms``, ``seeds``, ``steps``, ``eval_size``) for a GPU machine,
+  run with ``--gpu`` into ``results/studies/<name>/gpu/``.
+
+What the command does:
+
+* **resume, reuse**: the study's store is ``results/studies/<name>/mlflow.db``; each arm's jobs are
+  tagged ``sweep=<name>.<arm>``. A (arm, seed) with a FINISHED run there is not launched again; the
+  others are launched as one Hydra multirun per arm (``python -m harness.run -m ... seed=<missing>``),
+  which resumes an interrupted job from its checkpoint (``checkpoint.dir`` is per study, arm and
+  seed; removed once the run is FINISHED unless ``--keep-checkpoints``).
+* **refusal**: the first launch writes ``registration.json`` (everything above except ``design``,
+  ``launcher``, ``jobs``, ``setup``). Once the store holds a FINISHED run of the study, a file whose
+  registered fields differ is refused (exit 2, naming the fields): a changed design is a new study
+  with a new name.
+* **verdict** (:func:`verdict`), from the paired per-seed effects, with the two-level bootstrap over
+  seeds and eval problems (or, for a train metric, over seeds and the window's steps) of
+  :func:`analysis.ablation.bootstrap`:
+  a difference is ``reproduced`` when its ``1 - alpha`` interval lies on the predicted side of 0,
+  ``contradicted`` when it lies on the other side, else ``inconclusive``; an equivalence is
+  ``reproduced`` when its ``1 - 2 alpha`` interval (TOST) lies inside ``(-margin, margin)``,
+  ``contradicted`` when it lies entirely outside, else ``inconclusive``. Fewer than 2 paired seeds:
+  ``inconclusive``.
+* **power** at the measured spread ``sd`` of the per-seed paired effects: a paired t-test's power for
+  ``delta`` with the seeds run, the smallest difference it detects with 80% power, and the seeds
+  80% power needs (:func:`analysis.ablation.seeds_needed`); for an equivalence, the TOST power at a
+  true difference of 0 and the seeds 80% of it needs.
+* writes ``results/studies/<name>.md`` (verdict, effect and interval, per-seed table, power, plot of
+  every seed), ``results/studies/<name>/result.json``, and the index ``results/STUDIES.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import yaml
+from scipy import stats
+
+from analysis.ablation import RunRecord, bootstrap, load_sweep, min_detectable, per_problem, seeds_needed
+
+RESULTS = Path("results")
+REGISTERED = ("claim", "source", "base", "arms", "control", "treatment", "seeds", "steps", "eval_size",
+              "metric", "test")
+VERDICTS = ("reproduced", "contradicted", "inconclusive")
+EVAL_SUMMARIES = ("final", "auc")
+
+
+class StudyError(ValueError):
+    """A study file that cannot be run as written, or a change to a registered study."""
+
+
+# ----------------------------------------------------------------------------------- the file
+def load_study(path: str | Path, gpu: bool = False) -> dict:
+    """The study file as a dict, checked; with ``gpu`` its ``gpu`` section replaces the CPU arm set.
+
+    Raises:
+        StudyError: a missing key, ``name`` not the file stem, unknown arm names in
+            ``control`` / ``treatment``, an unknown test kind or metric summary.
+    """
+    path = Path(path)
+    spec = yaml.safe_load(path.read_text())
+    for key in ("name", "claim", "source", "base", "arms", "control", "treatment", "seeds", "steps", "eval_size",
+                "metric", "test"):
+        if key not in spec:
+            raise StudyError(f"{path}: missing key {key!r}")
+    if spec["name"] != path.stem:
+        raise StudyError(f"{path}: name {spec['name']!r} must be the file stem {path.stem!r}")
+    if gpu:
+        if not spec.get("gpu"):
+            raise StudyError(f"{path}: no gpu section")
+        spec = {**spec, **spec["gpu"], "name": spec["name"], "variant": "gpu"}
+    for role in ("control", "treatment"):
+        if spec[role] not in spec["arms"]:
+            raise StudyError(f"{path}: {role} {spec[role]!r} is not an arm ({sorted(spec['arms'])})")
+    test = spec["test"]
+    if test.get("kind") not in ("difference", "equivalence"):
+        raise StudyError(f"{path}: test.kind must be difference or equivalence, got {test.get('kind')!r}")
+    if test["kind"] == "equivalence" and not (test.get("margin") or 0) > 0:
+        raise StudyError(f"{path}: an equivalence test needs margin > 0")
+    if test["kind"] == "difference" and test.get("sign") not in (1, -1):
+        raise StudyError(f"{path}: a difference test needs sign +1 or -1")
+    if spec["metric"].get("summary") not in (*EVAL_SUMMARIES, "last_third"):
+        raise StudyError(f"{path}: metric.summary must be final, auc or last_third")
+    spec.setdefault("variant", "cpu")
+    return spec
+
+
+def study_dir(spec: dict, root: Path = RESULTS) -> Path:
+    d = root / "studies" / spec["name"]
+    return d / "gpu" if spec.get("variant") == "gpu" else d
+
+
+def store_uri(spec: dict, root: Path = RESULTS) -> str:
+    return f"sqlite:///{study_dir(spec, root) / 'mlflow.db'}"
+
+
+def registration(spec: dict) -> dict:
+    """The pre-registered fields (what a finished study may not change)."""
+    return {k: spec[k] for k in REGISTERED}
+
+
+def check_registration(spec: dict, root: Path = RESULTS, has_finished: bool = False) -> None:
+    """Write ``registration.json`` on first use; refuse a change once a run has FINISHED.
+
+    Raises:
+        StudyError: the file's registered fields differ from the registration and the store holds a
+            FINISHED run of the study (names the fields).
+    """
+    path = study_dir(spec, root) / "registration.json"
+    now = registration(spec)
+    if path.exists():
+        old = json.loads(path.read_text())
+        changed = sorted(k for k in REGISTERED if json.dumps(old.get(k), sort_keys=True)
+                         != json.dumps(now.get(k), sort_keys=True))
+        if changed and has_finished:
+            raise StudyError(f"study {spec['name']!r} has finished runs and its registered {', '.join(changed)} "
+                             f"changed: a changed design is a new study (new file, new name)")
+        if not changed:
+            return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(now, indent=1, sort_keys=True) + "\n")
+
+
+# ----------------------------------------------------------------------------------- runs
+def load_records(spec: dict, root: Path = RESULTS) -> dict[str, dict[int, RunRecord]]:
+    """``{arm: {seed: record}}`` of the FINISHED runs of each arm in the study's store (registered
+    seeds only)."""
+    uri = store_uri(spec, root)
+    out: dict[str, dict[int, RunRecord]] = {}
+    if not (study_dir(spec, root) / "mlflow.db").exists():
+        return {arm: {} for arm in spec["arms"]}
+    for arm in spec["arms"]:
+        try:
+            recs = load_sweep(uri, f"{spec['name']}.{arm}")
+        except ValueError:  # no experiment / no finished run yet
+            recs = []
+        out[arm] = {r.seed: r for r in recs if r.seed in spec["seeds"]}
+    return out
+
+
+def missing_jobs(spec: dict, records: dict) -> dict[str, list[int]]:
+    """``{arm: [seeds without a FINISHED run]}`` (arms with none missing left out)."""
+    out = {arm: [s for s in spec["seeds"] if s not in records.get(arm, {})] for arm in spec["arms"]}
+    return {a: s for a, s in out.items() if s}
+
+
+def job_command(spec: dict, arm: str, seeds: list[int], root: Path = RESULTS, n_jobs: int = 1,
+                launcher: str | None = None) -> list[str]:
+    """The Hydra multirun of ``arm``'s ``seeds`` (argv)."""
+    launcher = launcher or spec.get("launcher", "joblib")
+    cmd = [sys.executable, "-m", "harness.run", "-m", *spec["base"], *spec["arms"][arm],
+           f"train.steps={spec['steps']}", f"eval.size={spec['eval_size']}",
+           "seed=" + ",".join(str(s) for s in seeds),
+           f"tracking.uri={store_uri(spec, root)}", f"tracking.sweep={spec['name']}.{arm}",
+           "checkpoint.dir=checkpoints/studies/${tracking.sweep}/s${seed}", f"hydra/launcher={launcher}",
+           "hydra.sweep.subdir=${hydra.job.num}"]  # job folders by number: the overrides make too long a name
+    if launcher == "joblib":
+        cmd.append(f"hydra.launcher.n_jobs={n_jobs}")
+    return cmd
+
+
+def run_missing(spec: dict, root: Path = RESULTS, jobs: int | None = None, launcher: str | None = None,
+                keep_checkpoints: bool = False, log=print) -> dict[str, list[int]]:
+    """Launch the missing (arm, seed) jobs; returns what was missing. With the joblib launcher up to
+    ``jobs`` jobs run at once: one multirun per arm, arms concurrently (each ``n_jobs`` =
+    ``jobs // arms at once``); other launchers get the arms one after another (the cluster
+    parallelises). Job failures are logged, not raised: the report counts what FINISHED."""
+    records = load_records(spec, root)
+    todo = missing_jobs(spec, records)
+    check_registration(spec, root, has_finished=any(records.values()))
+    if not todo:
+        return todo
+    launcher = launcher or spec.get("launcher", "joblib")
+    jobs = jobs or spec.get("jobs", 1)
+    study_dir(spec, root).mkdir(parents=True, exist_ok=True)
+    arms = list(todo)
+    at_once = max(1, min(jobs, len(arms))) if launcher == "joblib" else 1
+    n_jobs = max(1, jobs // at_once)
+    running: list[tuple[str, subprocess.Popen]] = []
+    for arm in arms:
+        while len(running) >= at_once:
+            running = _reap(running, log)
+            time.sleep(5)
+        cmd = job_command(spec, arm, todo[arm], root, n_jobs, launcher)
+        log("launch: " + shlex.join(cmd))
+        running.append((arm, _launch(cmd)))
+        time.sleep(15 if len(arms) > 1 else 0)  # the first job creates the store's experiment
+    while running:
+        running = _reap(running, log)
+        time.sleep(5)
+    done = load_records(spec, root)
+    if not keep_checkpoints:
+        for arm, seeds in done.items():
+            for s in seeds:
+                shutil.rmtree(Path("checkpoints/studies") / f"{spec['name']}.{arm}" / f"s{s}", ignore_errors=True)
+    return todo
+
+
+def _launch(cmd: list[str]) -> subprocess.Popen:
+    """Start one arm's multirun (a child process; the tests replace this)."""
+    return subprocess.Popen(cmd)
+
+
+def _reap(running, log):
+    left = []
+    for arm, proc in running:
+        rc = proc.poll()
+        if rc is None:
+            left.append((arm, proc))
+        elif rc:
+            log(f"arm {arm}: multirun exited {rc} (the report counts the FINISHED runs)")
+    return left
+
+
+# ----------------------------------------------------------------------------------- analysis
+def seed_values(spec: dict, rec: RunRecord, client=None) -> tuple[np.ndarray, list]:
+    """The primary metric of one run as ``([units], labels)``: per-problem values (``final`` /
+    ``auc``, labels = problem indices) or the window's per-step train values (``last_third``,
+    labels = steps; steps where the run logged nothing are left out)."""
+    summary = spec["metric"]["summary"]
+    if summary in EVAL_SUMMARIES:
+        v = per_problem(rec, summary)
+        return np.asarray(v, dtype=float), list(range(len(v)))
+    hist = metric_history(spec, rec, client)
+    first = spec["steps"] - math.ceil(spec["steps"] / 3) + 1
+    steps = [s for s in sorted(hist) if first <= s <= spec["steps"]]
+    return np.asarray([hist[s] for s in steps], dtype=float), steps
+
+
+def metric_history(spec: dict, rec: RunRecord, client=None) -> dict[int, float]:
+    """``{step: value}`` of the study's metric in one run (eval metrics: accuracy per eval step)."""
+    if spec["metric"]["summary"] in EVAL_SUMMARIES:
+        return {s: float(rec.correct[i].mean()) for i, s in enumerate(rec.eval_steps)}
+    from mlflow.tracking import MlflowClient
+
+    client = client or MlflowClient(store_uri(spec))
+    return {m.step: m.value for m in client.get_metric_history(rec.run_id, spec["metric"]["name"])}
+
+
+def paired_effects(spec: dict, records: dict, client=None) -> tuple[np.ndarray, list[int], dict]:
+    """``(d [seeds, units], seeds, per_arm)``: treatment minus control per paired seed over the units
+    (problems, or window steps both runs of every seed logged); ``per_arm``: ``{arm: {seed: value}}``."""
+    ctl, trt = records.get(spec["control"], {}), records.get(spec["treatment"], {})
+    seeds = sorted(set(ctl) & set(trt))
+    per_arm = {arm: {s: float(np.mean(seed_values(spec, r, client)[0])) for s, r in records.get(arm, {}).items()}
+               for arm in spec["arms"]}
+    if not seeds:
+        return np.zeros((0, 0)), [], per_arm
+    rows_c, rows_t = [], []
+    for s in seeds:
+        (vc, lc), (vt, lt) = seed_values(spec, ctl[s], client), seed_values(spec, trt[s], client)
+        rows_c.append(dict(zip(lc, vc)))
+        rows_t.append(dict(zip(lt, vt)))
+    common = sorted(set.intersection(*(set(r) for r in rows_c + rows_t)))
+    d = np.asarray([[t[u] - c[u] for u in common] for c, t in zip(rows_c, rows_t)], dtype=float)
+    return d, seeds, per_arm
+
+
+def verdict(test: dict, lo: float, hi: float, n_seeds: int) -> str:
+    """The pre-registered rule (module docstring) applied to an interval of the effect."""
+    if n_seeds < 2 or math.isnan(lo) or math.isnan(hi):
+        return "inconclusive"
+    if test["kind"] == "difference":
+        s = test["sign"]
+        if s * lo > 0 and s * hi > 0:
+            return "reproduced"
+        if s * lo < 0 and s * hi < 0:
+            return "contradicted"
+        return "inconclusive"
+    m = test["margin"]
+    if -m < lo and hi < m:
+        return "reproduced"
+    if lo >= m or hi <= -m:
+        return "contradicted"
+    return "inconclusive"
+
+
+def power_analysis(test: dict, sd: float, n: int) -> dict:
+    """Power at the measured spread ``sd`` of the per-seed effects with ``n`` seeds (module docstring)."""
+    alpha = test.get("alpha", 0.05)
+    out = {"sd": sd, "seeds": n}
+    if n < 2 or not sd > 0 or math.isnan(sd):
+        return out
+    df, se = n - 1, sd / math.sqrt(n)
+    if test["kind"] == "difference":
+        delta = test["delta"]
+        crit = stats.t.ppf(1 - alpha / 2, df)
+        nc = delta / se
+        lower = float(np.nan_to_num(stats.nct.cdf(-crit, df, nc)))  # scipy gives nan for a negligible tail
+        out.update(delta=delta, power=float(stats.nct.sf(crit, df, nc)) + lower,
+                   mde=min_detectable(sd, n, alpha), seeds_needed=seeds_needed(sd, delta, alpha))
+    else:
+        m = test["margin"]
+        p = 2 * stats.t.cdf(m / se - stats.t.ppf(1 - alpha, df), df) - 1
+        out.update(margin=m, power=float(max(0.0, p)), seeds_needed=seeds_needed(sd, m, 2 * alpha, 0.9))
+    return out
+
+
+def analyse(spec: dict, records: dict, n_boot: int = 2000, seed: int = 0, client=None) -> dict:
+    """Effect, interval, verdict, power and per-seed values of one study."""
+    test = spec["test"]
+    alpha = test.get("alpha", 0.05)
+    d, seeds, per_arm = paired_effects(spec, records, client)
+    level = 1 - 2 * alpha if test["kind"] == "equivalence" else 1 - alpha
+    out = {"name": spec["name"], "variant": spec.get("variant", "cpu"), "seeds_run": seeds,
+           "seeds_registered": list(spec["seeds"]), "per_arm": per_arm, "level": level,
+           "runs_finished": sum(len(v) for v in records.values()),
+           "runs_registered": len(spec["seeds"]) * len(spec["arms"])}
+    if len(seeds) == 0 or d.size == 0:
+        return {**out, "effect": math.nan, "lo": math.nan, "hi": math.nan, "verdict": "inconclusive",
+                "per_seed": [], "power": {"seeds": 0}}
+    draws = bootstrap(d, n_boot, np.random.default_rng(seed))
+    lo, hi = (float(x) for x in np.quantile(draws, [(1 - level) / 2, 1 - (1 - level) / 2]))
+    per_seed = d.mean(axis=1)
+    sd = float(np.std(per_seed, ddof=1)) if len(seeds) > 1 else math.nan
+    return {**out, "effect": float(d.mean()), "lo": lo, "hi": hi, "units": d.shape[1],
+            "verdict": verdict(test, lo, hi, len(seeds)), "per_seed": [float(x) for x in per_seed],
+            "power": power_analysis(test, sd, len(seeds))}
+
+
+# ----------------------------------------------------------------------------------- report
+def plot(spec: dict, records: dict, result: dict, path: Path, client=None) -> Path:
+    """Left: the primary metric vs step, every seed of every arm (thin), arm means (thick). Right:
+    the per-seed paired effect, its mean and interval, and the margin or 0."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    scale = spec["metric"].get("scale", 1)
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [2, 1]})
+    for arm in spec["arms"]:
+        runs = records.get(arm, {})
+        curves = {s: metric_history(spec, r, client) for s, r in sorted(runs.items())}
+        color = None
+        for s, h in curves.items():
+            xs = sorted(h)
+            line, = ax.plot(xs, [h[x] * scale for x in xs], lw=0.8, alpha=0.6, ls="--", color=color, marker=".")
+            color = line.get_color()
+        if curves:
+            steps = sorted(set.intersection(*(set(h) for h in curves.values())))
+            ax.plot(steps, [np.mean([h[x] for h in curves.values()]) * scale for x in steps], lw=2.2, color=color,
+                    label=f"{arm} ({len(curves)} seeds)")
+    if spec["metric"]["summary"] == "last_third":
+        ax.axvspan(spec["steps"] - math.ceil(spec["steps"] / 3) + 0.5, spec["steps"] + 0.5, alpha=0.08, color="k")
+    ax.set(xlabel="training step", ylabel=f"{spec['metric']['name']} (x{scale})" if scale != 1 else spec["metric"]["name"],
+           title="every seed (dashed), mean over seeds (solid)")
+    ax.legend(fontsize="small")
+    ax.grid(alpha=0.3)
+    ps = [x * scale for x in result.get("per_seed", [])]
+    bx.scatter(range(len(ps)), ps, color="k", zorder=3, label="per seed")
+    for i, s in enumerate(result.get("seeds_run", [])):
+        bx.annotate(f"s{s}", (i, ps[i]), textcoords="offset points", xytext=(5, 0), fontsize="x-small")
+    if not math.isnan(result.get("effect", math.nan)):
+        e, lo, hi = (result[k] * scale for k in ("effect", "lo", "hi"))
+        bx.errorbar([len(ps)], [e], yerr=[[e - lo], [hi - e]], fmt="o", color="C3", capsize=4,
+                    label=f"mean, {100 * result['level']:.0f}% CI")
+    bx.axhline(0, color="k", lw=0.8)
+    if spec["test"]["kind"] == "equivalence":
+        for m in (-1, 1):
+            bx.axhline(m * spec["test"]["margin"] * scale, color="C2", ls=":", label="margin" if m > 0 else None)
+    bx.set(title=f"{spec['treatment']} - {spec['control']}", xticks=[])
+    bx.legend(fontsize="x-small")
+    bx.grid(alpha=0.3)
+    fig.suptitle(f"{spec['name']}: {result['verdict']}", fontsize="medium")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _num(x: float, scale: float, signed: bool = False) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    return f"{x * scale:+.3g}" if signed else f"{x * scale:.3g}"
+
+
+def effect_text(spec: dict, result: dict) -> str:
+    s = spec["metric"].get("scale", 1)
+    if math.isnan(result.get("effect", math.nan)):
+        return "n/a"
+    return f"{_num(result['effect'], s, True)} [{_num(result['lo'], s, True)}, {_num(result['hi'], s, True)}]"
+
+
+def test_text(spec: dict) -> str:
+    t, s = spec["test"], spec["metric"].get("scale", 1)
+    diff = f"{spec['treatment']} - {spec['control']}"
+    if t["kind"] == "difference":
+        return (f"difference, predicted sign {'+' if t['sign'] > 0 else '-'}: {diff} {'> 0' if t['sign'] > 0 else '< 0'}; "
+                f"alpha {t.get('alpha', 0.05)} (two-sided {100 * (1 - t.get('alpha', 0.05)):.0f}% interval); "
+                f"power stated for a difference of {_num(t['delta'], s)}")
+    return (f"equivalence: |{diff}| < {_num(t['margin'], s)} (TOST, {100 * (1 - 2 * t.get('alpha', 0.05)):.0f}% "
+            f"interval inside the margin); alpha {t.get('alpha', 0.05)}")
+
+
+def verdict_text(spec: dict, result: dict) -> str:
+    if not result["runs_finished"]:
+        return f"not run ({spec.get('not_run', 'no finished run in its store yet')})"
+    v = result["verdict"]
+    p = result["power"]
+    if result["runs_finished"] < result["runs_registered"]:
+        v += (f" (only {result['runs_finished']} of {result['runs_registered']} registered runs finished: "
+              f"analysed as they are)")
+    if result["verdict"] == "inconclusive" and p.get("seeds_needed"):
+        v += f" at this budget; a conclusive answer needs about {p['seeds_needed']} seeds per arm at the measured spread"
+    return v
+
+
+def _window_text(spec: dict) -> str:
+    m = spec["metric"]
+    if m["summary"] == "last_third":
+        first = spec["steps"] - math.ceil(spec["steps"] / 3) + 1
+        return f"mean of `{m['name']}` over steps {first}-{spec['steps']} (the last third)"
+    return {"final": "greedy eval accuracy at the last step", "auc": "area under the greedy eval accuracy curve"}[
+        m["summary"]] + f" on {spec['eval_size']} problems"
+
+
+def _provenance(records: dict) -> list[str]:
+    recs = [r for runs in records.values() for r in runs.values()]
+    if not recs:
+        return []
+    from mlflow.tracking import MlflowClient
+
+    return [f"git commits of the runs: {', '.join(sorted({r.params.get('git_commit', '') or '?' for r in recs}))}"]
+
+
+def write_report(spec: dict, result: dict, records: dict, path: Path, study_file: Path, meta: dict,
+                 client=None) -> Path:
+    """``results/studies/<name>.md``."""
+    s = spec["metric"].get("scale", 1)
+    plots = []
+    if result["runs_finished"]:
+        png = plot(spec, records, result, path.parent / "plots" / f"{path.stem}.png", client)
+        plots = [f"![{spec['name']}](plots/{png.name})"]
+    p = result["power"]
+    lines = [f"# Study `{spec['name']}`{' (GPU arm set)' if spec.get('variant') == 'gpu' else ''}", "",
+             f"**Claim.** {spec['claim']}", "", f"**Source.** {spec['source']}", "",
+             f"**Verdict: {verdict_text(spec, result)}.**", "",
+             f"Effect ({spec['treatment']} - {spec['control']}, {_window_text(spec)}; x{s}): "
+             f"**{effect_text(spec, result)}** ({100 * result['level']:.0f}% interval, two-level bootstrap over "
+             f"seeds and {'problems' if spec['metric']['summary'] in EVAL_SUMMARIES else 'window steps'}), "
+             f"{len(result['seeds_run'])} paired seeds.", "",
+             "Regenerate this report (from the committed store; runs only what is missing):", "", "```bash",
+             f"python -m analysis.study {'--gpu ' if spec.get('variant') == 'gpu' else ''}{study_file.as_posix()}",
+             "```", "", "## Pre-registered design", "",
+             f"- test: {test_text(spec)}", f"- metric: {_window_text(spec)}",
+             f"- seeds {list(spec['seeds'])}, {spec['steps']} steps, eval set: first {spec['eval_size']} problems",
+             f"- base overrides: `{' '.join(spec['base'])}`"]
+    lines += [f"- arm `{a}`: `{' '.join(o) or '(base only)'}`" for a, o in spec["arms"].items()]
+    lines += ["", "Why this design (written before the study ran):", "", spec.get("design", "").strip(), "",
+              "## Per seed", "", f"| arm | {' | '.join(f's{x}' for x in spec['seeds'])} |",
+              "|---|" + "---|" * len(spec["seeds"])]
+    for arm in spec["arms"]:
+        vals = result["per_arm"].get(arm, {})
+        lines.append(f"| {arm} | " + " | ".join(_num(vals[x], s) if x in vals else "not run" for x in spec["seeds"])
+                     + " |")
+    eff = dict(zip(result["seeds_run"], result["per_seed"]))
+    lines.append("| effect | " + " | ".join(_num(eff[x], s, True) if x in eff else "-" for x in spec["seeds"]) + " |")
+    lines += ["", "## Power", ""]
+    if p.get("power") is None:
+        lines.append("Not computable: fewer than 2 paired seeds, or no spread between them.")
+    else:
+        lines.append(f"Spread of the per-seed effects: sd {_num(p['sd'], s)} over {p['seeds']} seeds (it includes the "
+                     f"eval-problem or step noise that pairing does not cancel).")
+        if spec["test"]["kind"] == "difference":
+            lines.append(f"At this spread a two-sided paired t-test with {p['seeds']} seeds has power "
+                         f"{p['power']:.2f} for a difference of {_num(p['delta'], s)}, detects "
+                         f"{_num(p['mde'], s)} with 80% power, and needs **{p['seeds_needed']} seeds** per arm for "
+                         f"80% power at {_num(p['delta'], s)}.")
+        else:
+            lines.append(f"At this spread TOST with {p['seeds']} seeds has power {p['power']:.2f} to show "
+                         f"equivalence within {_num(p['margin'], s)} when the true difference is 0; 80% power "
+                         f"needs **{p['seeds_needed']} seeds** per arm.")
+    if spec.get("notes"):
+        lines += ["", "## Notes written after the runs (not part of the registration)", "", spec["notes"].strip()]
+    lines += _secondary_lines(spec, records, client)
+    lines += ["", "## Plot", "", *plots, "", "## Provenance", "",
+              f"- machine: {meta['machine']}; runs started between {meta['first']} and {meta['last']} (UTC)",
+              *[f"- {x}" for x in meta.get("provenance", [])], ""]
+    path.write_text("\n".join(lines))
+    return path
+
+
+def _secondary_lines(spec: dict, records: dict, client=None) -> list[str]:
+    """``secondary`` metrics of the study file (not part of the test): per arm, the mean over seeds
+    of each run's mean over its logged steps, per seed in brackets."""
+    names = spec.get("secondary") or []
+    if not names or not any(records.values()):
+        return []
+    from mlflow.tracking import MlflowClient
+
+    client = client or MlflowClient(store_uri(spec))
+    out = ["", "## Secondary metrics (not tested)", "", "Mean over all logged steps of each run; per seed in brackets.",
+           "", "| metric | " + " | ".join(spec["arms"]) + " |", "|---|" + "---|" * len(spec["arms"])]
+    for name in names:
+        cells = []
+        for arm in spec["arms"]:
+            per = {s: np.mean([m.value for m in client.get_metric_history(r.run_id, name)] or [math.nan])
+                   for s, r in sorted(records.get(arm, {}).items())}
+            cells.append(f"{np.mean(list(per.values())):.4g} [" + ", ".join(f"{v:.4g}" for v in per.values()) + "]"
+                         if per else "n/a")
+        out.append(f"| `{name}` | " + " | ".join(cells) + " |")
+    return out
+
+
+def run_meta(records: dict, machine: str) -> dict:
+    recs = [r for runs in records.values() for r in runs.values()]
+    times = sorted(r.params.get("_start_ms", 0) for r in recs)
+    fmt = lambda ms: datetime.fromtimestamp(ms / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M") if ms else "n/a"
+    return {"machine": machine, "first": fmt(times[0]) if times else "n/a", "last": fmt(times[-1]) if times else "n/a"}
+
+
+def _annotate(spec: dict, records: dict, root: Path) -> list[str]:
+    """Start times into the records (for run_meta) and provenance lines from the run tags."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(store_uri(spec, root))
+    commits, dirty = set(), set()
+    for runs in records.values():
+        for r in runs.values():
+            run = client.get_run(r.run_id)
+            r.params["_start_ms"] = run.info.start_time or 0
+            commits.add(run.data.tags.get("git_commit", "?"))
+            dirty.add(run.data.tags.get("git_dirty", "?"))
+    return [f"git commit of the runs: {', '.join(sorted(commits))}; git_dirty: {', '.join(sorted(dirty))}"] \
+        if commits else []
+
+
+def index(root: Path = RESULTS, studies: Path = Path("studies")) -> Path:
+    """``results/STUDIES.md``: one row per study file (its result.json when it ran)."""
+    rows = ["# Studies", "",
+            "Pre-registered studies (`studies/<name>.yaml`), each run and reported by "
+            "`python -m analysis.study studies/<name>.yaml` (see `analysis/study.py`); regenerate every report "
+            "from the committed stores with `python -m analysis.study --no-run studies/*.yaml`.", "",
+            "| study | claim | source | our setup | effect (CI) | verdict | power | report | regenerate |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    short = ["| study | claim | effect (CI) | verdict |", "|---|---|---|---|"]
+    for f in sorted(studies.glob("*.yaml")):
+        spec = load_study(f)
+        res_path = study_dir(spec, root) / "result.json"
+        if res_path.exists():
+            res = json.loads(res_path.read_text())
+            p = res["power"]
+            power = (f"{p['power']:.2f}; {p['seeds_needed']} seeds for 80%" if p.get("power") is not None else "n/a")
+            eff, ver = res["effect_text"], res["verdict_text"]
+            report = f"[{spec['name']}.md](studies/{spec['name']}.md)"
+        else:
+            eff, ver, power, report = "n/a", f"not run ({spec.get('not_run', 'no finished run yet')})", "n/a", "-"
+        cells = [f"`{spec['name']}`", spec["claim"], spec["source"], spec.get("setup", ""), eff, ver, power, report,
+                 f"`python -m analysis.study {f.as_posix()}`"]
+        rows.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
+        link = f"[{spec['name']}](results/studies/{spec['name']}.md)" if res_path.exists() else f"`{spec['name']}`"
+        short.append("| " + " | ".join(str(c).replace("|", "\\|") for c in (link, spec["claim"], eff, ver)) + " |")
+    out = root / "STUDIES.md"
+    out.write_text("\n".join(rows) + "\n")
+    readme = Path("README.md")
+    if root == RESULTS and readme.exists():
+        update_readme(readme, short)
+    return out
+
+
+README_MARKS = ("<!-- studies-table: copied from results/STUDIES.md -->", "<!-- /studies-table -->")
+
+
+def update_readme(readme: Path, rows: list[str]) -> bool:
+    """Put ``rows`` (a short markdown table) between the README's studies-table markers; False when
+    the markers are not there (the README is left as it is)."""
+    text = readme.read_text()
+    start, end = README_MARKS
+    if start not in text or end not in text:
+        return False
+    head, rest = text.split(start, 1)
+    readme.write_text(head + start + "\n" + "\n".join(rows) + "\n" + end + rest.split(end, 1)[1])
+    return True
+
+
+def report(spec: dict, study_file: Path, root: Path = RESULTS, machine: str | None = None) -> dict:
+    """Analyse the store and write the report, result.json and the index."""
+    records = load_records(spec, root)
+    provenance = _annotate(spec, records, root) if any(records.values()) else []
+    from mlflow.tracking import MlflowClient
+
+    # no client on a study never run: opening the uri would create an empty store
+    client = MlflowClient(store_uri(spec, root)) if any(records.values()) else None
+    result = analyse(spec, records, client=client)
+    meta = {**run_meta(records, machine or _machine()), "provenance": provenance}
+    suffix = "-gpu" if spec.get("variant") == "gpu" else ""
+    path = root / "studies" / f"{spec['name']}{suffix}.md"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_report(spec, result, records, path, study_file, meta, client)
+    result["effect_text"] = effect_text(spec, result)
+    result["verdict_text"] = verdict_text(spec, result)
+    d = study_dir(spec, root)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "result.json").write_text(json.dumps(result, indent=1, sort_keys=True, default=float) + "\n")
+    return result
+
+
+def _machine() -> str:
+    try:
+        model = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                     if line.startswith("model name"))
+    except (OSError, StopIteration):
+        model = "unknown CPU"
+    import os
+
+    return f"{model} ({os.cpu_count()} cores)"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("studies", nargs="+", type=Path, help="studies/<name>.yaml files")
+    ap.add_argument("--no-run", action="store_true", help="report from the stores; launch nothing")
+    ap.add_argument("--gpu", action="store_true", help="the study file's gpu arm set")
+    ap.add_argument("--jobs", type=int, default=None, help="jobs at once (joblib); default: the file's `jobs`")
+    ap.add_argument("--launcher", default=None, help="hydra/launcher: joblib, slurm, ray_local")
+    ap.add_argument("--keep-checkpoints", action="store_true")
+    ap.add_argument("--machine", default=None, help="the machine named in the report (default: /proc/cpuinfo)")
+    ap.add_argument("--results", type=Path, default=RESULTS)
+    args = ap.parse_args(argv)
+    for f in args.studies:
+        try:
+            spec = load_study(f, gpu=args.gpu)
+            if args.no_run:
+                check_registration(spec, args.results, has_finished=any(load_records(spec, args.results).values()))
+            else:
+                run_missing(spec, args.results, args.jobs, args.launcher, args.keep_checkpoints)
+            res = report(spec, f, args.results, args.machine)
+        except StudyError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(f"{spec['name']}: {res['verdict_text']}; effect {res['effect_text']}")
+    index(args.results, args.studies[0].parent)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
