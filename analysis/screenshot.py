@@ -69,12 +69,7 @@ def main(argv=None) -> int:
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         base = f"http://127.0.0.1:{port}"
-        for _ in range(120):
-            try:
-                urllib.request.urlopen(base + "/health", timeout=2)
-                break
-            except OSError:
-                time.sleep(0.5)
+        _wait(base + "/health")
         out = Path(a.out)
         out.mkdir(parents=True, exist_ok=True)
         # MLflow 3's UI opens in its GenAI workflow unless asked (a per-browser setting)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
-import platform
 from pathlib import Path
 
 import pytest
 import torch
+
+from harness.provenance import cpu_model
 
 pytest_plugins = ["tests.tiers"]  # the slow / distributed / servers / vllm markers (make test-fast)
 
@@ -36,20 +37,10 @@ def job_threads(ranks: int = 1) -> str:
     return str(max(TEST_THREADS // ranks, 1)) if TEST_THREADS else "1"
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown CPU"
-
-
 def pytest_report_header(config):
     """Which machine a report came from: float rounding (and so a tolerance that is too tight)
     depends on the CPU's vector width and the thread count."""
-    return (f"cpu: {_cpu_model()} ({os.cpu_count()} logical CPUs), torch {torch.__version__} capability "
+    return (f"cpu: {cpu_model() or 'unknown CPU'} ({os.cpu_count()} logical CPUs), torch {torch.__version__} capability "
             f"{torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads"
             f"{f' (HARNESS_TEST_THREADS={TEST_THREADS})' if TEST_THREADS else ''}")
 
