@@ -437,7 +437,12 @@ def verdict_text(spec: dict, result: dict) -> str:
         v += (f" (only {result['runs_finished']} of {result['runs_registered']} registered runs finished: "
               f"analysed as they are)")
     if result["verdict"] == "inconclusive" and p.get("seeds_needed"):
-        v += f" at this budget; a conclusive answer needs about {p['seeds_needed']} seeds per arm at the measured spread"
+        if p["seeds_needed"] > p["seeds"]:
+            v += f" at this budget; a conclusive answer needs about {p['seeds_needed']} seeds per arm at the measured spread"
+        else:  # the seeds run were enough for the registered size: the effect is smaller than that
+            size = _num(p.get("delta", p.get("margin")), spec["metric"].get("scale", 1))
+            v += (f": the seeds run had {p['power']:.0%} power for the registered {size} at the measured spread, "
+                  f"and the effect is smaller than that; a smaller effect needs more seeds than {p['seeds_needed']}")
     return v
 
 
