@@ -592,10 +592,12 @@ def index(root: Path = RESULTS, studies: Path = Path("studies")) -> Path:
             p = res["power"]
             power = (f"{p['power']:.2f}; {p['seeds_needed']} seeds for 80%" if p.get("power") is not None else "n/a")
             eff, ver = res["effect_text"], res["verdict_text"]
+            setup = spec.get("setup", "") + (f" (measured on {res['measured']})" if res.get("measured") else "")
             report = f"[{spec['name']}.md](studies/{spec['name']}.md)"
         else:
             eff, ver, power, report = "n/a", f"not run ({spec.get('not_run', 'no finished run yet')})", "n/a", "-"
-        cells = [f"`{spec['name']}`", spec["claim"], spec["source"], spec.get("setup", ""), eff, ver, power, report,
+            setup = spec.get("setup", "")
+        cells = [f"`{spec['name']}`", spec["claim"], spec["source"], setup, eff, ver, power, report,
                  f"`python -m analysis.study {f.as_posix()}`"]
         rows.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
         link = f"[{spec['name']}](results/studies/{spec['name']}.md)" if res_path.exists() else f"`{spec['name']}`"
@@ -637,6 +639,7 @@ def report(spec: dict, study_file: Path, root: Path = RESULTS, machine: str | No
     path = root / "studies" / f"{spec['name']}{suffix}.md"
     path.parent.mkdir(parents=True, exist_ok=True)
     write_report(spec, result, records, path, study_file, meta, client)
+    result["measured"] = f"{meta['machine']}, {meta['first'][:10]}" if result["runs_finished"] else ""
     result["effect_text"] = effect_text(spec, result)
     result["verdict_text"] = verdict_text(spec, result)
     d = study_dir(spec, root)
