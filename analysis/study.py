@@ -309,6 +309,15 @@ def verdict(test: dict, lo: float, hi: float, n_seeds: int) -> str:
     return "inconclusive"
 
 
+def t_power(sd: float, delta: float, n: int, alpha: float = 0.05) -> float:
+    """Power of a two-sided paired t-test over ``n`` seeds at level ``alpha`` when the true
+    difference is ``delta`` and the per-seed differences spread by ``sd`` (noncentral t)."""
+    df, crit = n - 1, stats.t.ppf(1 - alpha / 2, n - 1)
+    nc = delta / (sd / math.sqrt(n))
+    lower = float(np.nan_to_num(stats.nct.cdf(-crit, df, nc)))  # scipy gives nan for a negligible tail
+    return float(stats.nct.sf(crit, df, nc)) + lower
+
+
 def power_analysis(test: dict, sd: float, n: int) -> dict:
     """Power at the measured spread ``sd`` of the per-seed effects with ``n`` seeds (module docstring)."""
     alpha = test.get("alpha", 0.05)
@@ -318,11 +327,11 @@ def power_analysis(test: dict, sd: float, n: int) -> dict:
     df, se = n - 1, sd / math.sqrt(n)
     if test["kind"] == "difference":
         delta = test["delta"]
-        crit = stats.t.ppf(1 - alpha / 2, df)
-        nc = delta / se
-        lower = float(np.nan_to_num(stats.nct.cdf(-crit, df, nc)))  # scipy gives nan for a negligible tail
-        out.update(delta=delta, power=float(stats.nct.sf(crit, df, nc)) + lower,
-                   mde=min_detectable(sd, n, alpha), seeds_needed=seeds_needed(sd, delta, alpha))
+        power = t_power(sd, delta, n, alpha)
+        # the exact (noncentral t) count; at least the t-quantile approximation's (analysis.ablation)
+        needed = next((k for k in range(max(2, seeds_needed(sd, delta, alpha)), 10_000)
+                       if t_power(sd, delta, k, alpha) >= 0.8), 10_000)
+        out.update(delta=delta, power=power, mde=min_detectable(sd, n, alpha), seeds_needed=needed)
     else:
         m = test["margin"]
         p = 2 * stats.t.cdf(m / se - stats.t.ppf(1 - alpha, df), df) - 1
@@ -437,7 +446,12 @@ def verdict_text(spec: dict, result: dict) -> str:
         v += (f" (only {result['runs_finished']} of {result['runs_registered']} registered runs finished: "
               f"analysed as they are)")
     if result["verdict"] == "inconclusive" and p.get("seeds_needed"):
-        v += f" at this budget; a conclusive answer needs about {p['seeds_needed']} seeds per arm at the measured spread"
+        if p["seeds_needed"] > p["seeds"] or p.get("power", 0) < 0.8:
+            v += f" at this budget; a conclusive answer needs about {p['seeds_needed']} seeds per arm at the measured spread"
+        else:  # the seeds run were enough for the registered size: the effect is smaller than that
+            size = _num(p.get("delta", p.get("margin")), spec["metric"].get("scale", 1))
+            v += (f": the seeds run had {p['power']:.0%} power for the registered {size} at the measured spread, "
+                  f"and the effect is smaller than that; a smaller effect needs more seeds than {p['seeds_needed']}")
     return v
 
 
@@ -499,7 +513,7 @@ def write_report(spec: dict, result: dict, records: dict, path: Path, study_file
                      f"eval-problem or step noise that pairing does not cancel).")
         if spec["test"]["kind"] == "difference":
             lines.append(f"At this spread a two-sided paired t-test with {p['seeds']} seeds has power "
-                         f"{p['power']:.2f} for a difference of {_num(p['delta'], s)}, detects "
+                         f"{p['power']:.2f} (noncentral t) for a difference of {_num(p['delta'], s)}, detects about "
                          f"{_num(p['mde'], s)} with 80% power, and needs **{p['seeds_needed']} seeds** per arm for "
                          f"80% power at {_num(p['delta'], s)}.")
         else:
@@ -578,10 +592,12 @@ def index(root: Path = RESULTS, studies: Path = Path("studies")) -> Path:
             p = res["power"]
             power = (f"{p['power']:.2f}; {p['seeds_needed']} seeds for 80%" if p.get("power") is not None else "n/a")
             eff, ver = res["effect_text"], res["verdict_text"]
+            setup = spec.get("setup", "") + (f" (measured on {res['measured']})" if res.get("measured") else "")
             report = f"[{spec['name']}.md](studies/{spec['name']}.md)"
         else:
             eff, ver, power, report = "n/a", f"not run ({spec.get('not_run', 'no finished run yet')})", "n/a", "-"
-        cells = [f"`{spec['name']}`", spec["claim"], spec["source"], spec.get("setup", ""), eff, ver, power, report,
+            setup = spec.get("setup", "")
+        cells = [f"`{spec['name']}`", spec["claim"], spec["source"], setup, eff, ver, power, report,
                  f"`python -m analysis.study {f.as_posix()}`"]
         rows.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
         link = f"[{spec['name']}](results/studies/{spec['name']}.md)" if res_path.exists() else f"`{spec['name']}`"
@@ -623,6 +639,7 @@ def report(spec: dict, study_file: Path, root: Path = RESULTS, machine: str | No
     path = root / "studies" / f"{spec['name']}{suffix}.md"
     path.parent.mkdir(parents=True, exist_ok=True)
     write_report(spec, result, records, path, study_file, meta, client)
+    result["measured"] = f"{meta['machine']}, {meta['first'][:10]}" if result["runs_finished"] else ""
     result["effect_text"] = effect_text(spec, result)
     result["verdict_text"] = verdict_text(spec, result)
     d = study_dir(spec, root)

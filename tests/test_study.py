@@ -132,9 +132,12 @@ def test_inconclusive_store_names_the_seeds_needed(in_tmp):
     _, res = _report(in_tmp, _spec(in_tmp))
     assert res["verdict"] == "inconclusive" and res["effect"] == pytest.approx(0.0, abs=1e-12)
     assert res["lo"] < 0 < res["hi"]
-    assert res["power"]["seeds_needed"] == ablation.seeds_needed(0.02, 0.1)
-    assert f"needs about {res['power']['seeds_needed']} seeds" in res["verdict_text"]
-    assert "inconclusive at this budget" in (root / "studies" / "s.md").read_text()
+    assert res["power"]["seeds_needed"] == ablation.seeds_needed(0.02, 0.1) == 3  # the 3 seeds run suffice for 10
+    assert "the effect is smaller than that" in res["verdict_text"]
+    assert "inconclusive: the seeds run had" in (root / "studies" / "s.md").read_text()
+    # a spread too wide for the seeds run: the report names the seeds a conclusive answer needs
+    text = study.verdict_text(study.load_study(_spec(in_tmp)), {**res, "power": {**res["power"], "seeds_needed": 7}})
+    assert text == "inconclusive at this budget; a conclusive answer needs about 7 seeds per arm at the measured spread"
 
 
 def test_equivalence_store_reproduced_and_contradicted(in_tmp):
