@@ -79,12 +79,17 @@ def main(argv=None) -> int:
             "run_overview.png": f"{base}/#/experiments/{exp.experiment_id}/runs/{run_id}{q}",
             "run_metrics.png": f"{base}/#/experiments/{exp.experiment_id}/runs/{run_id}/model-metrics{q}",
         }
-        for name, url in shots.items():
-            print(f"{shoot(url, out / name, browser)}  <- {url}")
+        shoot_all(shots, out, browser)
     finally:
         server.terminate()
         server.wait(timeout=30)
     return 0
+
+
+def shoot_all(shots: dict, out: Path, browser: str) -> None:
+    """``{file name: url}`` -> PNGs in ``out``, each printed with its url."""
+    for name, url in shots.items():
+        print(f"{shoot(url, out / name, browser)}  <- {url}")
 
 
 def _wait(url: str, tries: int = 120) -> None:
@@ -120,8 +125,7 @@ def optuna_shots(storage: str, study: str | None, out: Path, browser: str) -> in
         sid = pick[0]._study_id
         shots = {"studies.png": f"{base}/dashboard", "study_history.png": f"{base}/dashboard/studies/{sid}",
                  "study_trials.png": f"{base}/dashboard/studies/{sid}/trial-table"}
-        for name, url in shots.items():
-            print(f"{shoot(url, out / name, browser)}  <- {url}")
+        shoot_all(shots, out, browser)
     finally:
         server.terminate()
         server.wait(timeout=30)

@@ -37,7 +37,7 @@ from hypothesis import strategies as st
 
 from harness.algo import (KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, ROLLOUT_CORRECTIONS, TOKEN_ESTIMATORS,
                           aggregate_loss)
-from harness.algo.losses import Normalizers
+from harness.algo.losses import aggregation_normalizers
 from harness.algo.token_estimators import AdvantageContext
 
 U32 = 2.0 ** -24  # float32 unit roundoff
@@ -354,9 +354,7 @@ def test_aggregation_float32_equals_float64_and_invariances(name):
         if "scale_equivariant" in inv:
             _close(agg(4 * loss, mask), 4 * v64, what=f"{name}: 4 x loss", **tol)
         if "micro_batch_additive" in inv:
-            counts = {k: Normalizers(**{"num_tokens": max(int(mask.sum()), 1),
-                                        "num_seqs": max(int((mask.sum(-1) > 0).sum()), 1),
-                                        "num_rows": mask.shape[0]}).__dict__[k] for k in ("num_tokens", "num_seqs", "num_rows")}
+            counts = aggregation_normalizers(mask)  # the whole batch's, as the trainer passes them
             parts = sum(agg(loss[i:i + split], mask[i:i + split], **counts) for i in range(0, loss.shape[0], split))
             _close(parts, v64, what=f"{name}: micro-batches of {split} rows", **tol)
 
