@@ -38,7 +38,7 @@ class TaskConfig:
     """Fields every task has. ``eval_size`` problems are drawn once with ``eval_seed``."""
 
     name: str = MISSING
-    eval_size: int = 50
+    eval_size: Optional[int] = 50  # None = the whole test set; more than the test set holds is refused
     eval_seed: int = 1234
     train_size: Optional[int] = None  # cap on training problems (None = all): the stream cycles over them
     num_shots: int = 2  # worked examples prepended as chat turns (0 = zero-shot)
@@ -52,7 +52,7 @@ class GSM8KTaskConfig(TaskConfig):
     """GSM8K. Local files: task.data_dir=../shared/data/gsm8k or HARNESS_GSM8K_DIR; else the hub."""
 
     name: str = "gsm8k"
-    eval_size: int = 48
+    eval_size: Optional[int] = 48
     num_shots: int = 0
     instruction: str = ("Solve the problem step by step. End your answer with a line of the form "
                         "'#### <number>'.\n\n{question}")
@@ -68,7 +68,7 @@ class MathTaskConfig(TaskConfig):
     """MATH train / MATH-500 eval. Local files: task.data_dir or HARNESS_MATH_DIR; else the hub."""
 
     name: str = "math"
-    eval_size: int = 100
+    eval_size: Optional[int] = 100
     instruction: str = "Solve the problem step by step. Put the final answer in \\boxed{{}}.\n\n{question}"
     format_reward: float = 0.2
     data_dir: Optional[str] = "${oc.env:HARNESS_MATH_DIR,null}"  # train.jsonl/math500_test.jsonl; None = hub
@@ -86,7 +86,7 @@ class ArithTaskConfig(TaskConfig):
     """Procedurally generated arithmetic word problems (no data files needed)."""
 
     name: str = "arith"
-    eval_size: int = 100
+    eval_size: Optional[int] = 100
     instruction: str = ("Solve the problem. Show the calculation, then end with a line of the form "
                         "'#### <number>'.\n\n{question}")
     digits: int = 2  # operand digits

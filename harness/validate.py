@@ -155,6 +155,10 @@ def validate(cfg) -> None:
     for key in ("steps", "prompts_per_step", "micro_batch_size", "logprob_chunk", "max_bad_steps"):
         _check(cfg.train[key] >= 1, f"train.{key}={cfg.train[key]}: expected >= 1")
     _check(cfg.train.lr > 0, f"train.lr={cfg.train.lr}: expected > 0")
+    if cfg.eval.size is not None and cfg.task.eval_size is not None:  # a larger eval.size would be cut silently
+        _check(1 <= cfg.eval.size <= cfg.task.eval_size,
+               f"eval.size={cfg.eval.size}: expected 1 <= eval.size <= task.eval_size={cfg.task.eval_size} (eval.size "
+               "takes the first N of the task's eval set; raise task.eval_size for more problems)")
     _check(cfg.eval.num_samples >= 0, f"eval.num_samples={cfg.eval.num_samples}: expected >= 0")
     _check(cfg.overlong.buffer < cfg.rollout.max_new_tokens or cfg.overlong.buffer == 0,
            f"overlong.buffer={cfg.overlong.buffer} must be smaller than rollout.max_new_tokens={cfg.rollout.max_new_tokens}")

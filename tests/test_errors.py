@@ -34,6 +34,8 @@ def test_group_size_one_with_group_estimator_is_a_startup_error():
     ("policy_loss.dual_clip=1.0", "policy_loss.dual_clip must be None or > 1"),
     ("rollout.temperature=0", "rollout.temperature=0"),
     ("policy_loss.epsilon=-1", "policy_loss.epsilon must be >= 0"),
+    # eval.size takes the first N of task.eval_size problems: more would be cut to task.eval_size silently
+    ("task=arith task.eval_size=100 eval.size=250", "eval.size=250: expected 1 <= eval.size <= task.eval_size=100"),
 ])
 def test_invalid_values_name_the_key(override, needle):
     with pytest.raises(ConfigError) as e:
@@ -124,6 +126,18 @@ def test_bad_storage_path_for_sqlite(run_dir):
     r = _cli("model=tiny", "task=arith", f"tracking.uri=sqlite:///{missing}")
     assert r.returncode == 2 and f"{missing.parent}' does not exist" in r.stderr
     assert not missing.parent.exists()
+
+
+def test_eval_set_larger_than_the_test_set_is_refused():
+    """task.eval_size above the test set's size would silently evaluate fewer problems."""
+    from harness.tasks import build_task
+    from harness.tasks.data import DataError
+
+    with pytest.raises(DataError, match=r"task.eval_size=250: the arith test set has only 200 problems.*task.test_size"):
+        build_task(compose(*QUICK, "task=arith", "task.test_size=200", "task.eval_size=250").task)
+    task = build_task(compose(*QUICK, "task=arith", "task.test_size=250", "task.eval_size=250").task)
+    assert len(task.eval) == 250
+    assert len(build_task(compose(*QUICK, "task=arith", "task.test_size=30", "task.eval_size=null").task).eval) == 30
 
 
 def test_math_filters_that_select_nothing():

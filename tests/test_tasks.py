@@ -34,7 +34,7 @@ def test_train_stream_is_a_seeded_permutation_per_epoch():
 
 def test_math_task_reads_math500_and_filters():
     task = build_task(compose(*QUICK, "task=math", "task.levels=[1]", "task.subjects=[Algebra]",
-                              "task.eval_size=1000").task)
+                              "task.eval_size=null").task)
     assert task.eval and all(p.meta["level"] == 1 and p.meta["subject"] == "Algebra" for p in task.eval)
     assert all(p.id.startswith("test/algebra/") for p in task.eval)
     assert len(task.train) > 100

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from harness.tasks.data import DataError
 from harness.verifiers import Verdict, parse_number, step_rewards, verify_batch
 
 log = logging.getLogger(__name__)
@@ -81,9 +82,18 @@ class Task:
         return self.train[order[pos]]
 
     def pick_eval(self, problems: Sequence[Problem]) -> list[Problem]:
-        """A fixed subset of ``cfg.eval_size`` problems drawn with ``cfg.eval_seed``."""
+        """A fixed subset of ``cfg.eval_size`` problems drawn with ``cfg.eval_seed``.
+
+        Raises:
+            DataError: ``task.eval_size`` asks for more problems than the test set holds (the eval
+                set would silently be smaller than the knob says).
+        """
         size = self.cfg.eval_size
-        if size is None or size >= len(problems):
+        if size is not None and size > len(problems):
+            raise DataError(f"task.eval_size={size}: the {self.cfg.name} test set has only {len(problems)} problems "
+                            f"(after its filters); expected task.eval_size <= {len(problems)}"
+                            + (" or a larger task.test_size" if hasattr(self.cfg, "test_size") else ""))
+        if size is None or size == len(problems):
             return list(problems)
         idx = sorted(random.Random(self.cfg.eval_seed).sample(range(len(problems)), size))
         return [problems[i] for i in idx]
