@@ -75,7 +75,7 @@ def test_data_file_hash_is_the_file_sha256(tmp_path):
     row = '{"question": "1+1?", "answer": "1+1=2\\n#### 2"}\n'
     for split in ("train", "test"):
         (tmp_path / f"{split}.jsonl").write_text(row * 3)
-    task = GSM8KTask(GSM8KTaskConfig(data_dir=str(tmp_path)))
+    task = GSM8KTask(GSM8KTaskConfig(data_dir=str(tmp_path), eval_size=None))  # None: all 3 test problems
     assert task.sources["test"] == {"source": str(tmp_path / "test.jsonl"),
                                     "sha256": hashlib.sha256((row * 3).encode()).hexdigest()}
 
