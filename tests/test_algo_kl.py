@@ -85,3 +85,24 @@ def test_adaptive_kl_controller_hand_values_verl_golden_and_floor():
     assert KL_CONTROLLERS.get("fixed")(0.1, 0.5, 80, 0.1, 10) == 0.1
     with pytest.raises(ValueError, match="kl.target"):
         adaptive(0.1, 0.1, 8, 0.0, 10)
+
+
+@pytest.mark.parametrize("form,plain", [("k1+", "k1"), ("k3+", "k3")])
+def test_straight_through_forms_have_the_value_of_k_and_the_gradient_of_k2(form, plain):
+    """verl's "+" forms: k1 / k3 in value, k2's gradient d/dlogp = logp - logref (float64)."""
+    logp = torch.tensor([[-1.0, -2.0, -0.25]], dtype=torch.float64, requires_grad=True)
+    ref = torch.tensor([[-1.5, -0.5, -0.25]], dtype=torch.float64)
+    st = kl_penalty(logp, ref, form)
+    # by hand: x = ref - logp = [-0.5, 1.5, 0]; k1 = -x, k3 = e^x - x - 1
+    want = {"k1": [0.5, -1.5, 0.0], "k3": [math.exp(-0.5) + 0.5 - 1, math.exp(1.5) - 1.5 - 1, 0.0]}[plain]
+    assert st.tolist()[0] == pytest.approx(want, rel=1e-14, abs=0)
+    assert torch.equal(st.detach(), kl_penalty(logp, ref, plain).detach())  # bit for bit
+    st.sum().backward()
+    assert logp.grad.tolist()[0] == pytest.approx([0.5, -1.5, 0.0], rel=1e-14, abs=0)  # logp - ref
+    g_plain = torch.autograd.grad(kl_penalty(logp, ref, plain).sum(), logp)[0]
+    assert not torch.allclose(g_plain, logp.grad)  # k1's gradient is 1, k3's 1 - e^x: not k2's
+    # the clamp bounds the value only (verl clamps the forward score); the gradient stays k2's
+    lp = torch.tensor([[0.0]], dtype=torch.float64, requires_grad=True)
+    far = kl_penalty(lp, torch.tensor([[-30.0]], dtype=torch.float64), form, clamp=10.0)
+    far.sum().backward()
+    assert float(far.detach()) == 10.0 and float(lp.grad) == 30.0
