@@ -28,6 +28,8 @@ def test_group_size_one_with_group_estimator_is_a_startup_error():
     ("kl.form=k9", "kl.form='k9' is not valid; expected one of"),
     ("kl.placement=advantage", "kl.placement="),
     ("kl.clamp=0", "kl.clamp=0"),
+    ("kl.importance_correct=true kl.placement=reward", "kl.importance_correct=true with kl.placement=reward"),
+    ("kl.importance_correct=true kl.form=k3+", "kl.importance_correct=true with kl.form=k3+"),
     ("advantage.scale=global", "advantage.scale must be one of"),
     ("advantage=reinforce advantage.baseline=median", "advantage.baseline must be one of"),
     ("rollout.top_p=0.9", "rollout.top_p=0.9: expected 1.0"),

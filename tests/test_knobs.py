@@ -76,6 +76,7 @@ KNOBS = {
     "kl.clamp": math_(1e-7, "loss", *KL),
     "kl.placement": math_("reward", "advantages", *KL),
     "kl.ref_refresh_steps": math_(1, "loss", *KL),
+    "kl.importance_correct": math_("true", "weights", *KL),  # on-policy rho = 1, but k3 takes the gradient of k2 at step 2
     "entropy_coef": math_(0.1, "loss"),
     "mu": math_(2, "weights"),
     "overlong.mask_truncated": math_("true", "loss"),
