@@ -152,6 +152,28 @@ def test_unknown_estimator_and_param_raise():
         compute_advantages(ONE_HOT, "grpo", valid=torch.ones(1, 3, dtype=torch.bool))
 
 
+def test_max_rl_divides_the_centred_reward_by_the_group_mean():
+    """MaxRL (prime-rl max_rl): (r - mean) / mean; a group with mean <= 0 gets 0 (float64, by hand)."""
+    f64 = dict(dtype=torch.float64)
+    r = torch.tensor([[1.0, 0.0, 0.0, 0.0],  # mean 1/4: (1 - 1/4) / (1/4) = 3, (0 - 1/4) / (1/4) = -1
+                      [2.0, 1.0, 0.0, 1.0],  # mean 1: [1, 0, -1, 0]
+                      [0.0, 0.0, 0.0, 0.0],  # no success: 0 (prime-rl: no signal)
+                      [1.0, 1.0, 1.0, 1.0],  # all success: centred to 0
+                      [-1.0, 0.5, 0.0, 0.0]], **f64)  # mean -1/8 <= 0: 0, where r - mean is not
+    want = [[3.0, -1.0, -1.0, -1.0], [1.0, 0.0, -1.0, 0.0], [0.0] * 4, [0.0] * 4, [0.0] * 4]
+    assert compute_advantages(r, "max_rl").tolist() == want
+    # an invalid member leaves the statistics: valid [1, 0, 0] has mean 1/3 -> [2, -1, -1, 0]
+    valid = torch.tensor([[True, True, True, False]])
+    out = compute_advantages(torch.tensor([[1.0, 0.0, 0.0, 5.0]], **f64), "max_rl", valid=valid)
+    assert out.tolist()[0] == pytest.approx([2.0, -1.0, -1.0, 0.0], rel=1e-15)
+    # not GRPO: GRPO divides the same centred rewards by the std (0.5 for the one-hot group)
+    assert compute_advantages(ONE_HOT, "grpo").tolist()[0] == pytest.approx([1.5, -0.5, -0.5, -0.5], rel=1e-5)
+    # a mean that is zero up to float32 rounding is not divided by (prime-rl would give ~2^31)
+    tiny = torch.tensor([[1.0, -1.0 + 2.0 ** -30]], **f64)
+    assert compute_advantages(tiny, "max_rl").tolist() == [[0.0, 0.0]]
+    assert OUTCOME_ESTIMATORS.requires_groups("max_rl")
+
+
 def test_requires_groups():
     assert requires_groups("grpo") and requires_groups("rloo") and requires_groups("mean_only")
     assert requires_groups("process") and requires_groups("reinforce_pp_baseline")
