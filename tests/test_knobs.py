@@ -197,6 +197,7 @@ KNOBS = {
     "policy_loss/ppo_clip.epsilon": math_(0.01, "loss", *MU2),
     "policy_loss/ppo_clip.epsilon_high": math_(0.01, "loss", *MU2),
     "policy_loss/ppo_clip.dual_clip": math_(1.01, "loss", "mu=3", "train.lr=0.5"),
+    "policy_loss/ppo_clip.delta": math_(1.01, "loss", "mu=3", "train.lr=0.5"),  # the dual_clip row's baseline
     "policy_loss/gspo.epsilon": math_(0.5, "loss", *MU2),
     "policy_loss/gspo.epsilon_high": math_(0.5, "loss", *MU2),
     "policy_loss/cispo.epsilon_low": math_(0.01, "loss", *MU2),
