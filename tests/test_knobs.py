@@ -191,6 +191,9 @@ KNOBS = {
     "advantage/grpo_passk.eps": math_(0.5, "advantages"),
     "advantage/grpo_passk.scale": math_("false", "advantages"),
     "advantage/process.eps": math_(0.5, "advantages"),
+    "advantage/gpg.alpha": math_("nonzero", "advantages"),  # verl's count: some probe rewards are 0
+    "advantage/gpg.scale": math_("group", "advantages"),
+    "advantage/gpg.eps": math_(0.5, "advantages", "advantage.scale=group"),
     "advantage/process.unbiased": math_("false", "advantages"),
     # ---------------------------------------------------------------- policy losses
     "policy_loss": math_("cispo", "loss"),

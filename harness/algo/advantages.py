@@ -342,49 +342,6 @@ def grpo_passk_advantages(rewards: Tensor, valid: Tensor, p: GRPOPassKParams, st
     return _finalise(adv, valid, degenerate)
 
 
-@dataclass
-class MaxRLParams:
-    """``advantage=max_rl``: mean-normalised group advantage (MaxRL, arXiv 2602.02710)."""
-
-    name: str = "max_rl"
-
-
-# A group mean at or below this fraction of the group's largest |reward| counts as zero (no success):
-# the 8 float32 ulps of LOO_STD_ZERO_RTOL, so a mean that is zero up to rounding is not divided by.
-MAX_RL_ZERO_RTOL = LOO_STD_ZERO_RTOL
-
-
-@OUTCOME_ESTIMATORS.register("max_rl", params=MaxRLParams, grouped=True,
-                             invariances=("permutation", "scale", "constant_zero"))
-def max_rl_advantages(rewards: Tensor, valid: Tensor, p: MaxRLParams, state: Optional[Dict] = None) -> Tensor:
-    """MaxRL advantage: the group-centred reward divided by the group mean.
-
-    Shapes: ``rewards``, ``valid``: ``[P, G]`` -> ``[P, G]``.
-
-    Formula (Tajwar et al. 2026, "Maximum Likelihood Reinforcement Learning", arXiv 2602.02710;
-    prime-rl ``src/prime_rl/orchestrator/algo/max_rl.py``, ``MaxRLAlgorithm.score_group``):
-    ``A_pg = (r_pg - mean_g r) / mean_g r``, and ``A = 0`` for the whole group where
-    ``mean_g r <= 0`` (prime-rl: "a group with mean reward <= 0 carries no signal"). With 0/1
-    rewards and pass rate ``p`` a success gets ``1/p - 1`` and a failure ``-1``: the gradient is
-    that of the order-``G`` truncation of the maximum-likelihood objective ``log p`` (low-pass-rate
-    prompts weigh ~``1/p``), where GRPO divides by the std.
-
-    Convention: a mean at or below ``MAX_RL_ZERO_RTOL * max_g |r|`` (zero up to float32
-    rounding at the group's scale) also counts as "no success", where prime-rl tests
-    ``mean <= 0`` exactly; the two agree on every reward set whose mean is not within 8 float32
-    ulps of 0. Designed for non-negative (canonically binary) rewards: a format reward or an
-    overlong penalty that makes the mean small and positive makes the advantages large.
-
-    Raises:
-        Nothing beyond :func:`compute_advantages` validation.
-    """
-    _, mean, degenerate = _group_stats(rewards, valid)
-    scale = torch.where(valid, rewards.abs(), torch.zeros_like(rewards)).amax(-1, keepdim=True)
-    no_signal = mean <= MAX_RL_ZERO_RTOL * scale
-    adv = (rewards - mean) / torch.where(no_signal, torch.ones_like(mean), mean)
-    return _finalise(adv, valid, degenerate | no_signal)
-
-
 # --------------------------------------------------------------------------- dispatch
 
 
@@ -400,7 +357,7 @@ def compute_advantages(
     ``valid`` is False.
 
     ``estimator`` is one of ``OUTCOME_ESTIMATORS.names()`` (grpo, mean_only,
-    rloo, reinforce); ``params`` an instance (or mapping) of its params dataclass,
+    rloo, reinforce, grpo_passk, and from :mod:`harness.algo.rescaled` max_rl, gpg); ``params`` an instance (or mapping) of its params dataclass,
     and ``overrides`` replace single fields (``compute_advantages(r, "grpo", eps=0.0)``).
     ``state`` is the persistent dict of stateful estimators (reinforce's EMA).
 
@@ -447,6 +404,4 @@ __all__ = [
     "RLOOParams",
     "ReinforceParams",
     "GRPOPassKParams",
-    "MaxRLParams",
-    "max_rl_advantages",
 ]
