@@ -153,6 +153,9 @@ class KLConfig:
     clamp: Optional[float] = None
     placement: str = "loss"  # loss | reward | none
     ref_refresh_steps: int = 0  # copy the policy into the reference every N steps (0 = never)
+    # DeepSeek-V3.2's unbiased KL: the estimate times pi_theta / pi_old, gradient through the ratio
+    # (TRL use_bias_correction_kl); k1 / k3 only, kl.placement=loss only
+    importance_correct: bool = False
 
 
 @dataclass

@@ -163,7 +163,8 @@ def token_objective(logp, old, ref, advantages, mask, entropy, cfg, loss_params=
         ``(per_token_loss [B, T], stats)``: the registered policy loss ``policy_loss=<name>``
         (:mod:`harness.algo.policy_losses`, with ``cfg.policy_loss`` as its params), kept only
         on the top ``top_entropy_quantile`` of tokens by entropy (:func:`high_entropy_mask`),
-        ``+ beta * KL`` (``kl.form``, ``kl.clamp``; only when ``kl.placement=loss``)
+        ``+ beta * KL`` (``kl.form``, ``kl.clamp``, times ``pi_theta / pi_old`` with
+        ``kl.importance_correct``; only when ``kl.placement=loss``)
         ``- entropy_coef * H``; stats as the policy loss's plus ``kl`` and
         ``tokens_selected_frac``.
     """
@@ -175,7 +176,8 @@ def token_objective(logp, old, ref, advantages, mask, entropy, cfg, loss_params=
     per_token = per_token * keep
     stats["tokens_selected_frac"] = masked_mean(keep.to(per_token.dtype), mask)
     if ref is not None:
-        kl = kl_penalty(logp, ref, cfg.kl.form, clamp=cfg.kl.clamp)
+        kl = kl_penalty(logp, ref, cfg.kl.form, clamp=cfg.kl.clamp,
+                        old_logprobs=old if cfg.kl.importance_correct else None)
         if cfg.kl.placement == "loss":
             per_token = per_token + beta * kl
         stats["kl"] = masked_mean(kl.detach(), mask)

@@ -94,6 +94,14 @@ def validate(cfg) -> None:
     _choice("kl.form", cfg.kl.form, KL_ESTIMATORS.names())
     _choice("kl.placement", cfg.kl.placement, ["loss", "reward", "none"])
     _check(cfg.kl.clamp is None or cfg.kl.clamp > 0, f"kl.clamp={cfg.kl.clamp}: expected > 0 or null")
+    if cfg.kl.importance_correct:
+        from harness.algo.kl import IMPORTANCE_CORRECTABLE
+
+        _check(cfg.kl.placement == "loss", f"kl.importance_correct=true with kl.placement={cfg.kl.placement}: the "
+               "correction multiplies the KL in the loss by pi_theta / pi_old (the reward's KL is taken at pi_old, "
+               "where the ratio is 1); use kl.placement=loss")
+        _check(cfg.kl.form in IMPORTANCE_CORRECTABLE, f"kl.importance_correct=true with kl.form={cfg.kl.form}: "
+               f"the corrected estimate is unbiased for {list(IMPORTANCE_CORRECTABLE)} only (docs/knobs.md, KL)")
     _choice("kl.controller", cfg.kl.controller, KL_CONTROLLERS.names())
     reads = KL_CONTROLLERS.spec(cfg.kl.controller).needs  # the kl.* keys the controller reads
     _unread(cfg.kl, "kl", KLConfig, [k for k in ("target", "horizon") if k not in reads],

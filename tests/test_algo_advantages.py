@@ -152,6 +152,54 @@ def test_unknown_estimator_and_param_raise():
         compute_advantages(ONE_HOT, "grpo", valid=torch.ones(1, 3, dtype=torch.bool))
 
 
+def test_max_rl_divides_the_centred_reward_by_the_group_mean():
+    """MaxRL (prime-rl max_rl): (r - mean) / mean; a group with mean <= 0 gets 0 (float64, by hand)."""
+    f64 = dict(dtype=torch.float64)
+    r = torch.tensor([[1.0, 0.0, 0.0, 0.0],  # mean 1/4: (1 - 1/4) / (1/4) = 3, (0 - 1/4) / (1/4) = -1
+                      [2.0, 1.0, 0.0, 1.0],  # mean 1: [1, 0, -1, 0]
+                      [0.0, 0.0, 0.0, 0.0],  # no success: 0 (prime-rl: no signal)
+                      [1.0, 1.0, 1.0, 1.0],  # all success: centred to 0
+                      [-1.0, 0.5, 0.0, 0.0]], **f64)  # mean -1/8 <= 0: 0, where r - mean is not
+    want = [[3.0, -1.0, -1.0, -1.0], [1.0, 0.0, -1.0, 0.0], [0.0] * 4, [0.0] * 4, [0.0] * 4]
+    assert compute_advantages(r, "max_rl").tolist() == want
+    # an invalid member leaves the statistics: valid [1, 0, 0] has mean 1/3 -> [2, -1, -1, 0]
+    valid = torch.tensor([[True, True, True, False]])
+    out = compute_advantages(torch.tensor([[1.0, 0.0, 0.0, 5.0]], **f64), "max_rl", valid=valid)
+    assert out.tolist()[0] == pytest.approx([2.0, -1.0, -1.0, 0.0], rel=1e-15)
+    # not GRPO: GRPO divides the same centred rewards by the std (0.5 for the one-hot group)
+    assert compute_advantages(ONE_HOT, "grpo").tolist()[0] == pytest.approx([1.5, -0.5, -0.5, -0.5], rel=1e-5)
+    # a mean that is zero up to float32 rounding is not divided by (prime-rl would give ~2^31)
+    tiny = torch.tensor([[1.0, -1.0 + 2.0 ** -30]], **f64)
+    assert compute_advantages(tiny, "max_rl").tolist() == [[0.0, 0.0]]
+    assert OUTCOME_ESTIMATORS.requires_groups("max_rl")
+
+
+def test_gpg_rescales_the_centred_reward_by_b_over_b_minus_m():
+    """GPG: alpha (r - mean) / F_norm, alpha = B / (B - M) (float64, by hand)."""
+    f64 = dict(dtype=torch.float64)
+    # group 0 mean 3/8 -> r - mean = [5/8, -3/8, -3/8, 1/8]; group 1 is constant (M = 4 of B = 8): alpha 2
+    r = torch.tensor([[1.0, 0.0, 0.0, 0.5], [1.0, 1.0, 1.0, 1.0]], **f64)
+    assert compute_advantages(r, "gpg").tolist() == [[1.25, -0.75, -0.75, 0.25], [0.0] * 4]
+    assert compute_advantages(r, "gpg", alpha="none").tolist() == [[0.625, -0.375, -0.375, 0.125], [0.0] * 4]
+    # verl counts the non-zero rewards instead: 6 of 8 -> alpha 4/3
+    nz = compute_advantages(r, "gpg", alpha="nonzero").tolist()[0]
+    assert nz == pytest.approx([0.625 * 4 / 3, -0.375 * 4 / 3, -0.375 * 4 / 3, 0.125 * 4 / 3], rel=1e-15)
+    # F_norm = the group's Bessel-corrected std + eps: var = (25 + 9 + 9 + 1) / 64 / 3 = 11/48
+    std = math.sqrt(11 / 48)
+    grp = compute_advantages(r, "gpg", scale="group", eps=1e-4).tolist()[0]
+    assert grp == pytest.approx([2 * x / (std + 1e-4) for x in (0.625, -0.375, -0.375, 0.125)], rel=1e-14)
+    # an invalid member leaves B and the group statistics; a group with one valid member is degenerate
+    valid = torch.tensor([[True, True, True, False], [True, False, False, False]])
+    out = compute_advantages(r, "gpg", valid=valid).tolist()
+    assert out[0] == pytest.approx([(2 / 3) * 4 / 3, (-1 / 3) * 4 / 3, (-1 / 3) * 4 / 3, 0.0], rel=1e-15)
+    assert out[1] == [0.0] * 4
+    assert compute_advantages(torch.ones(2, 3, **f64), "gpg").tolist() == [[0.0] * 3] * 2  # all degenerate
+    for bad, needle in (({"alpha": "paper"}, "advantage.alpha"), ({"scale": "batch"}, "advantage.scale"),
+                        ({"eps": -1.0}, "advantage.eps")):
+        with pytest.raises(ValueError, match=needle):
+            compute_advantages(r, "gpg", **bad)
+
+
 def test_requires_groups():
     assert requires_groups("grpo") and requires_groups("rloo") and requires_groups("mean_only")
     assert requires_groups("process") and requires_groups("reinforce_pp_baseline")

@@ -85,3 +85,67 @@ def test_adaptive_kl_controller_hand_values_verl_golden_and_floor():
     assert KL_CONTROLLERS.get("fixed")(0.1, 0.5, 80, 0.1, 10) == 0.1
     with pytest.raises(ValueError, match="kl.target"):
         adaptive(0.1, 0.1, 8, 0.0, 10)
+
+
+@pytest.mark.parametrize("form,plain", [("k1+", "k1"), ("k3+", "k3")])
+def test_straight_through_forms_have_the_value_of_k_and_the_gradient_of_k2(form, plain):
+    """verl's "+" forms: k1 / k3 in value, k2's gradient d/dlogp = logp - logref (float64)."""
+    logp = torch.tensor([[-1.0, -2.0, -0.25]], dtype=torch.float64, requires_grad=True)
+    ref = torch.tensor([[-1.5, -0.5, -0.25]], dtype=torch.float64)
+    st = kl_penalty(logp, ref, form)
+    # by hand: x = ref - logp = [-0.5, 1.5, 0]; k1 = -x, k3 = e^x - x - 1
+    want = {"k1": [0.5, -1.5, 0.0], "k3": [math.exp(-0.5) + 0.5 - 1, math.exp(1.5) - 1.5 - 1, 0.0]}[plain]
+    assert st.tolist()[0] == pytest.approx(want, rel=1e-14, abs=0)
+    assert torch.equal(st.detach(), kl_penalty(logp, ref, plain).detach())  # bit for bit
+    st.sum().backward()
+    assert logp.grad.tolist()[0] == pytest.approx([0.5, -1.5, 0.0], rel=1e-14, abs=0)  # logp - ref
+    g_plain = torch.autograd.grad(kl_penalty(logp, ref, plain).sum(), logp)[0]
+    assert not torch.allclose(g_plain, logp.grad)  # k1's gradient is 1, k3's 1 - e^x: not k2's
+    # the clamp bounds the value only (verl clamps the forward score); the gradient stays k2's
+    lp = torch.tensor([[0.0]], dtype=torch.float64, requires_grad=True)
+    far = kl_penalty(lp, torch.tensor([[-30.0]], dtype=torch.float64), form, clamp=10.0)
+    far.sum().backward()
+    assert float(far.detach()) == 10.0 and float(lp.grad) == 30.0
+
+
+@pytest.mark.parametrize("form", ["k1", "k3"])
+def test_importance_corrected_kl_is_rho_times_k_with_the_unbiased_gradient(form):
+    """DeepSeek-V3.2 / TRL use_bias_correction_kl: rho * k, rho = pi_theta / pi_old not detached.
+    Gradient by hand: k3: rho (1 - e^x) + rho k3 = rho (logp - logref); k1: rho (1 + logp - logref)."""
+    logp = torch.tensor([[-1.0, -2.0]], dtype=torch.float64, requires_grad=True)
+    ref = torch.tensor([[-1.5, -0.5]], dtype=torch.float64)
+    old = torch.tensor([[-1.25, -2.0]], dtype=torch.float64)  # rho = [e^0.25, 1]
+    out = kl_penalty(logp, ref, form, old_logprobs=old)
+    rho = [math.exp(0.25), 1.0]
+    k = {"k1": [0.5, -1.5], "k3": [math.exp(-0.5) + 0.5 - 1, math.exp(1.5) - 1.5 - 1]}[form]
+    assert out.tolist()[0] == pytest.approx([rho[0] * k[0], k[1]], rel=1e-14, abs=0)
+    out.sum().backward()
+    grad = {"k1": [rho[0] * 1.5, -0.5], "k3": [rho[0] * 0.5, -1.5]}[form]
+    assert logp.grad.tolist()[0] == pytest.approx(grad, rel=1e-14, abs=0)
+    # on-policy (old = logp): the value is k's, k3's gradient becomes k2's (logp - logref)
+    lp = logp.detach().clone().requires_grad_()
+    on = kl_penalty(lp, ref, form, old_logprobs=lp.detach())
+    assert torch.equal(on.detach(), kl_penalty(lp, ref, form).detach())
+    with pytest.raises(ValueError, match="importance-corrected KL"):
+        kl_penalty(lp, ref, "k2", old_logprobs=lp.detach())
+    with pytest.raises(ValueError, match="old_logprobs must have the shape"):
+        kl_penalty(lp, ref, "k3", old_logprobs=torch.zeros(1, 3))
+
+
+def test_importance_corrected_kl_is_unbiased_off_policy():
+    """Exact expectations over a 3-token vocabulary (no sampling): under pi_old,
+    E[rho k3] = KL(pi_theta || pi_ref) and E[d(rho k3)/d theta] = d KL / d theta, while plain k3
+    sampled from pi_old is biased in both."""
+    theta = torch.tensor([0.3, -0.2, 0.5], dtype=torch.float64, requires_grad=True)
+    logp_all = torch.log_softmax(theta, -1)
+    ref_all = torch.log_softmax(torch.tensor([0.0, 0.4, -0.3], dtype=torch.float64), -1)
+    old_all = torch.log_softmax(torch.tensor([1.0, 0.0, -1.0], dtype=torch.float64), -1)
+    w = old_all.exp()  # the tokens are drawn from pi_old
+    kl_true = (logp_all.exp() * (logp_all - ref_all)).sum()
+    corrected = (w * kl_penalty(logp_all[None], ref_all[None], "k3", old_logprobs=old_all[None])[0]).sum()
+    plain = (w * kl_penalty(logp_all[None], ref_all[None], "k3")[0]).sum()
+    assert float(corrected.detach()) == pytest.approx(float(kl_true.detach()), rel=1e-12)
+    assert abs(float(plain.detach()) - float(kl_true.detach())) > 1e-3
+    g_true, g_corr, g_plain = (torch.autograd.grad(v, theta, retain_graph=True)[0] for v in (kl_true, corrected, plain))
+    assert g_corr.tolist() == pytest.approx(g_true.tolist(), rel=1e-12, abs=1e-15)
+    assert not torch.allclose(g_plain, g_true, atol=1e-3)

@@ -28,10 +28,13 @@ def test_group_size_one_with_group_estimator_is_a_startup_error():
     ("kl.form=k9", "kl.form='k9' is not valid; expected one of"),
     ("kl.placement=advantage", "kl.placement="),
     ("kl.clamp=0", "kl.clamp=0"),
+    ("kl.importance_correct=true kl.placement=reward", "kl.importance_correct=true with kl.placement=reward"),
+    ("kl.importance_correct=true kl.form=k3+", "kl.importance_correct=true with kl.form=k3+"),
     ("advantage.scale=global", "advantage.scale must be one of"),
     ("advantage=reinforce advantage.baseline=median", "advantage.baseline must be one of"),
     ("rollout.top_p=0.9", "rollout.top_p=0.9: expected 1.0"),
     ("policy_loss.dual_clip=1.0", "policy_loss.dual_clip must be None or > 1"),
+    ("policy_loss.delta=1.0", "policy_loss.delta must be None or > 1"),
     ("rollout.temperature=0", "rollout.temperature=0"),
     ("policy_loss.epsilon=-1", "policy_loss.epsilon must be >= 0"),
     # eval.size takes the first N of task.eval_size problems: more would be cut to task.eval_size silently

@@ -76,6 +76,7 @@ KNOBS = {
     "kl.clamp": math_(1e-7, "loss", *KL),
     "kl.placement": math_("reward", "advantages", *KL),
     "kl.ref_refresh_steps": math_(1, "loss", *KL),
+    "kl.importance_correct": math_("true", "weights", *KL),  # on-policy rho = 1, but k3 takes the gradient of k2 at step 2
     "entropy_coef": math_(0.1, "loss"),
     "mu": math_(2, "weights"),
     "overlong.mask_truncated": math_("true", "loss"),
@@ -190,12 +191,16 @@ KNOBS = {
     "advantage/grpo_passk.eps": math_(0.5, "advantages"),
     "advantage/grpo_passk.scale": math_("false", "advantages"),
     "advantage/process.eps": math_(0.5, "advantages"),
+    "advantage/gpg.alpha": math_("nonzero", "advantages"),  # verl's count: some probe rewards are 0
+    "advantage/gpg.scale": math_("group", "advantages"),
+    "advantage/gpg.eps": math_(0.5, "advantages", "advantage.scale=group"),
     "advantage/process.unbiased": math_("false", "advantages"),
     # ---------------------------------------------------------------- policy losses
     "policy_loss": math_("cispo", "loss"),
     "policy_loss/ppo_clip.epsilon": math_(0.01, "loss", *MU2),
     "policy_loss/ppo_clip.epsilon_high": math_(0.01, "loss", *MU2),
     "policy_loss/ppo_clip.dual_clip": math_(1.01, "loss", "mu=3", "train.lr=0.5"),
+    "policy_loss/ppo_clip.delta": math_(1.01, "loss", "mu=3", "train.lr=0.5"),  # the dual_clip row's baseline
     "policy_loss/gspo.epsilon": math_(0.5, "loss", *MU2),
     "policy_loss/gspo.epsilon_high": math_(0.5, "loss", *MU2),
     "policy_loss/cispo.epsilon_low": math_(0.01, "loss", *MU2),

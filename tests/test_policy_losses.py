@@ -43,6 +43,32 @@ def test_ppo_clip_clips_and_dual_clips():
     assert float(stats["clip_frac_high"]) == 0.5 and float(stats["dual_clip_frac"]) == 0.5
 
 
+def test_ppo_clip_delta_caps_the_unclipped_ratio_on_both_sides():
+    """TRL delta (INTELLECT-2 two-sided clipping): -min(min(r, delta) A, clip(r) A), float64."""
+    # delta 4, eps 0.2. A=-1, r=5: max(4, 1.2) = 4, capped (no gradient); A=1, r=5: max(-4, -1.2) =
+    # -1.2, clipped as PPO; A=-1, r=3 < delta: 3, gradient -A r = 3; A=-1, r=0.5: max(0.5, 0.8) = 0.8
+    loss, stats, grad = _run("ppo_clip", [[5.0, 5.0, 3.0, 0.5]], [[-1.0, 1.0, -1.0, -1.0]], delta=4.0)
+    assert flat(loss) == pytest.approx([4.0, -1.2, 3.0, 0.8], rel=1e-14)
+    assert flat(grad) == pytest.approx([0.0, 0.0, 3.0, 0.0], rel=1e-14, abs=0)
+    assert float(stats["delta_clip_frac"]) == 0.25 and float(stats["clip_frac"]) == 0.5
+    plain_loss, plain_stats, _ = _run("ppo_clip", [[5.0, 5.0, 3.0, 0.5]], [[-1.0, 1.0, -1.0, -1.0]])
+    assert flat(plain_loss)[0] == pytest.approx(5.0) and "delta_clip_frac" not in plain_stats  # off by default
+    # delta >= 1 + eps_high is dual-clip with c = delta, in value and gradient
+    g = torch.Generator().manual_seed(0)
+    ratios = torch.exp(torch.randn(3, 7, generator=g, dtype=torch.float64) * 1.5).tolist()
+    advs = torch.randn(3, 7, generator=g, dtype=torch.float64).tolist()
+    a = _run("ppo_clip", ratios, advs, delta=2.5)
+    b = _run("ppo_clip", ratios, advs, dual_clip=2.5)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[2], b[2])
+    assert float(a[1]["delta_clip_frac"]) == float(b[1]["dual_clip_frac"]) > 0
+    # 1 < delta < 1 + eps_high also caps a positive-advantage token: A=1, r=1.15 -> -1.1, no gradient
+    loss, stats, grad = _run("ppo_clip", [[1.15]], [[1.0]], delta=1.1)
+    assert flat(loss) == pytest.approx([-1.1], rel=1e-14) and flat(grad) == [0.0]
+    assert float(stats["delta_clip_frac"]) == 1.0
+    with pytest.raises(ValueError, match="policy_loss.delta must be None or > 1"):
+        _run("ppo_clip", [[1.0]], [[1.0]], delta=1.0)
+
+
 def test_gspo_uses_the_length_normalised_sequence_ratio():
     # row ratios 1.1 and 1.0 -> s = exp(mean log r) = sqrt(1.1); eps 3e-4/4e-4 clips it (A > 0)
     loss, stats, grad = _run("gspo", [[1.1, 1.0]], [[1.0, 1.0]])

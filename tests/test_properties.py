@@ -179,6 +179,7 @@ PARAM_CASES = {
     "grpo_passk": [{"scale": False}],
     "reinforce_pp": [{"unbiased": False}],
     "ppo": [{"whiten": False}],
+    "gpg": [{"alpha": "nonzero"}, {"scale": "group", "eps": 1e-6}],  # the scale check allows eps / std <= 1e-4
 }
 EST_CASES = [(n, kw) for n in TOKEN_ESTIMATORS.names() for kw in [{}] + PARAM_CASES.get(n, [])]
 

@@ -34,10 +34,10 @@ REF = LOGP - 0.3 * torch.rand(8, T, generator=g)
 REF[0, 0] = LOGP[0, 0] + 3.0  # k3 = e^3 - 3 - 1 = 16.1 > 10
 
 
-def harness_side(recipe):
+def harness_side(recipe, rewards=REWARDS):
     cfg = compose(f"recipe={recipe}", f"group_size={G}", f"rollout.max_new_tokens={MAX_NEW}")
     ref = REF if cfg.beta > 0 else None
-    scores, token_rewards = shape_rewards(REWARDS, MASK, OLD, ref, cfg)
+    scores, token_rewards = shape_rewards(rewards, MASK, OLD, ref, cfg)
     spec = TOKEN_ESTIMATORS.spec(cfg.advantage.name)
     ctx = AdvantageContext(scores=scores.view(-1, G), token_rewards=token_rewards, mask=MASK)
     adv = spec.fn(ctx, spec.build(cfg.advantage)).advantages
@@ -163,3 +163,18 @@ def test_gspo():
         s = math.exp(sum(float(LOGP[b, t] - OLD[b, t]) for t in range(LENGTHS[b])) / LENGTHS[b])
         per_seq.append(max(-a[b] * s, -a[b] * min(max(s, 1 - 3e-4), 1 + 4e-4)))
     assert loss == pytest.approx(sum(per_seq) / 8, rel=1e-6)
+
+
+def test_gpg():
+    """GPG (AMAP-ML/GPG open-r1 gpg_trainer.py): A = r - mean (scale_rewards False), loss
+    -A log pi summed over the batch's completion tokens / their count, divided by inverse_alpha
+    = the fraction of groups whose rewards vary (adjust_gd); no KL. The second group here is
+    constant, so inverse_alpha = 1/2."""
+    rewards = torch.tensor([1.0, 0.0, 0.0, 0.5, 1.0, 1.0, 1.0, 1.0])
+    cfg, adv, loss = harness_side("gpg", rewards)
+    r = rewards.tolist()
+    centred = [r[i] - sum(r[(i // G) * G:(i // G + 1) * G]) / G for i in range(len(r))]
+    inverse_alpha = 1 / 2
+    assert adv[:, 0].tolist() == pytest.approx([c / inverse_alpha for c in centred], abs=1e-7)
+    token_loss = sum(-centred[b] * float(LOGP[b, t]) for b, t, _ in tokens()) / sum(LENGTHS)
+    assert loss == pytest.approx(token_loss / inverse_alpha, rel=1e-6)

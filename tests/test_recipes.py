@@ -95,6 +95,14 @@ EXPECTED = {
         "loss_agg.name": "seq-mean-token-mean", "overlong.mask_truncated": False, "overlong.buffer": 0,
         "group_filter.name": "none",
     },
+    "gpg": {
+        **_COMMON,
+        "advantage.name": "gpg", "advantage.alpha": "groups", "advantage.scale": "none",
+        "group_size": 8, "policy_loss.name": "pg", "beta": 0.0,
+        "loss_agg.name": "token-mean", "overlong.mask_truncated": False, "overlong.buffer": 0,
+        "group_filter.name": "none", "train.lr": 1e-6, "train.lr_schedule": "constant",
+        "train.adam_betas": [0.9, 0.999], "train.weight_decay": 0.0, "train.max_grad_norm": 1.0,
+    },
     "cs336_grpo": {
         **_COMMON,
         "advantage.name": "grpo", "advantage.scale": "group", "advantage.eps": 1e-6,

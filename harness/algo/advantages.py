@@ -357,7 +357,7 @@ def compute_advantages(
     ``valid`` is False.
 
     ``estimator`` is one of ``OUTCOME_ESTIMATORS.names()`` (grpo, mean_only,
-    rloo, reinforce); ``params`` an instance (or mapping) of its params dataclass,
+    rloo, reinforce, grpo_passk, and from :mod:`harness.algo.rescaled` max_rl, gpg); ``params`` an instance (or mapping) of its params dataclass,
     and ``overrides`` replace single fields (``compute_advantages(r, "grpo", eps=0.0)``).
     ``state`` is the persistent dict of stateful estimators (reinforce's EMA).
 

@@ -109,6 +109,7 @@ def policy_loss(
     epsilon_high: Optional[float] = None,
     dual_clip: Optional[float] = None,
     ratio_level: str = "token",
+    delta: Optional[float] = None,
 ) -> Tuple[Tensor, Dict[str, Tensor]]:
     """Clipped surrogate policy loss per token (PPO / DAPO clip-higher / dual-clip / GSPO).
 
@@ -126,21 +127,30 @@ def policy_loss(
     from below by ``c * A`` when ``A < 0``:
     ``L = min(L, -c * A)`` for ``A < 0`` (``c = dual_clip > 1``), i.e. a huge
     ratio on a negative-advantage token cannot produce an unbounded loss.
+    Two-sided clipping (INTELLECT-2, Prime Intellect 2025, arXiv 2505.07291, delta in sec. 4.1; TRL
+    ``GRPOConfig.delta``, ``trl/trainer/grpo_trainer.py`` ``_compute_loss``) caps the ratio of
+    the *unclipped* term at ``delta``, for either sign of ``A``, the clipped term keeping the
+    raw ratio: ``L = -min(min(r, delta) * A, clip(r, 1 - eps_low, 1 + eps_high) * A)``. With
+    ``delta >= 1 + eps_high`` this is dual-clip with ``c = delta`` in value and gradient (where
+    ``A > 0`` the clipped term is the smaller one whenever ``r > delta``); with
+    ``1 < delta < 1 + eps_high`` it also caps positive-advantage tokens at ``delta``.
 
     Stats (detached 0-dim tensors, means over valid tokens):
     ``clip_frac_low`` -- fraction with ``r < 1 - eps_low`` and ``A < 0``;
     ``clip_frac_high`` -- fraction with ``r > 1 + eps_high`` and ``A > 0``;
     ``clip_frac`` -- their sum (clipping active, zero gradient);
     ``dual_clip_frac`` -- fraction where the dual clip is active (``A < 0``,
-    ``-c * A`` below the clipped loss); ``ratio_mean`` -- mean of ``r``;
+    ``-c * A`` below the clipped loss); ``delta_clip_frac`` (only with ``delta``) --
+    fraction with ``r > delta``, ``A != 0`` and the capped term selected (no gradient);
+    ``ratio_mean`` -- mean of ``r``;
     ``approx_kl`` -- mean per-token k3 estimate ``(rho - 1) - log rho`` with the
     *token* ratio ``rho = pi_theta / pi_old``, an estimate of
     ``KL(pi_old || pi_theta)`` on samples from ``pi_old`` (Schulman 2020 blog).
 
     Raises:
         ValueError: shape mismatch; ``epsilon`` / ``epsilon_high`` < 0;
-            ``dual_clip`` not None and <= 1; unknown ``ratio_level`` (lists
-            valid names).
+            ``dual_clip`` not None and <= 1; ``delta`` not None and <= 1; unknown
+            ``ratio_level`` (lists valid names).
     """
     log_ratio_fn = RATIO_LEVELS.get(ratio_level)
     adv = token_advantages(logprobs, old_logprobs, advantages, mask)
@@ -152,11 +162,14 @@ def policy_loss(
         raise ValueError(f"policy_loss.epsilon_high must be None or >= 0, got {epsilon_high}")
     if dual_clip is not None and not dual_clip > 1.0:
         raise ValueError(f"policy_loss.dual_clip must be None or > 1, got {dual_clip}")
+    if delta is not None and not delta > 1.0:
+        raise ValueError(f"policy_loss.delta must be None or > 1, got {delta}")
 
     # where() keeps NaN/inf padding out of both the values and the gradients.
     log_ratio = _zero_masked(log_ratio_fn(logprobs, old_logprobs, mask), mask)
     ratio = torch.exp(log_ratio)
-    loss_unclipped = -adv * ratio
+    capped = ratio if delta is None else ratio.clamp(max=delta)  # the clipped term keeps the raw ratio (TRL)
+    loss_unclipped = -adv * capped
     loss_clipped = -adv * ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
     loss = torch.maximum(loss_unclipped, loss_clipped)
     neg = adv < 0
@@ -181,6 +194,9 @@ def policy_loss(
             "ratio_mean": masked_mean(r, mask),
             "approx_kl": masked_mean(k3, mask),
         }
+        if delta is not None:
+            delta_active = (r > delta) & (adv != 0) & (loss_unclipped >= loss_clipped)
+            stats["delta_clip_frac"] = masked_mean(delta_active.to(r.dtype), mask)
     return loss, stats
 
 

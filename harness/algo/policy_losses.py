@@ -85,20 +85,25 @@ class PPOClipParams:
     epsilon: float = 0.2  # clip range; the low side, and the high side unless epsilon_high
     epsilon_high: Optional[float] = None  # DAPO clip-higher (0.28 there); None = epsilon
     dual_clip: Optional[float] = None  # dual-clip constant c > 1 for A < 0 (verl clip_ratio_c=3)
+    # two-sided clipping: the unclipped term's ratio capped at delta > 1, any sign of A (INTELLECT-2, TRL delta)
+    delta: Optional[float] = None
 
 
 @POLICY_LOSSES.register("ppo_clip", params=PPOClipParams, invariances=_LINEAR)
 def ppo_clip(logprobs, old_logprobs, advantages, mask, p: PPOClipParams, weights=None) -> Tuple[Tensor, Stats]:
     """PPO clipped surrogate per token (Schulman et al. 2017, eq. 7), decoupled clip range
     (DAPO "Clip-Higher", Yu et al. 2025 sec. 3.1) and dual-clip (Ye et al. 2020 sec. 3.3):
-    ``L = -min(r A, clip(r, 1 - eps, 1 + eps_high) A)``, and ``min(L, -c A)`` where ``A < 0``.
-    Formula and stats: :func:`harness.algo.losses.policy_loss` (token ratio).
+    ``L = -min(r A, clip(r, 1 - eps, 1 + eps_high) A)``, and ``min(L, -c A)`` where ``A < 0``;
+    two-sided clipping (INTELLECT-2, arXiv 2505.07291, delta in sec. 4.1; TRL ``delta``): the
+    unclipped term's ``r`` capped at ``delta``. Formula and stats:
+    :func:`harness.algo.losses.policy_loss` (token ratio).
 
     Raises:
-        ValueError: shape mismatch, negative epsilon, ``dual_clip <= 1``.
+        ValueError: shape mismatch, negative epsilon, ``dual_clip <= 1``, ``delta <= 1``.
     """
     loss, stats = policy_loss(logprobs, old_logprobs, advantages, mask, epsilon=p.epsilon,
-                              epsilon_high=p.epsilon_high, dual_clip=p.dual_clip, ratio_level="token")
+                              epsilon_high=p.epsilon_high, dual_clip=p.dual_clip, ratio_level="token",
+                              delta=p.delta)
     return _weighted(loss, weights, mask), stats
 
 

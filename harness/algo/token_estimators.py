@@ -24,6 +24,7 @@ from typing import Callable, List, Optional, Tuple
 import torch
 from torch import Tensor
 
+from . import rescaled  # noqa: F401  (registers its outcome estimators before they are wrapped below)
 from .advantages import OUTCOME_ESTIMATORS, compute_advantages
 from .gae import gae, reinforce_pp_returns
 from .registry import Registry
@@ -164,7 +165,7 @@ def _make_outcome_estimator(name: str) -> Callable:
         "Shapes: ``ctx.scores`` ``[P, G]`` -> advantages ``[B, T]`` equal to the\n"
         "row's sequence advantage on its valid tokens, 0 elsewhere. Rows with no\n"
         "valid token are excluded from group statistics (``valid`` = mask.sum(-1) > 0).\n"
-        "Params and formula: see ``harness.algo.advantages."
+        f"Params and formula: see ``{spec.fn.__module__}."
         f"{spec.fn.__name__}``.\n\nRaises:\n    ValueError: as "
         "``compute_advantages`` plus context shape errors."
     )
