@@ -5,20 +5,20 @@ Public API (see each module for conventions and sources):
 * :mod:`.numeric` - ``extract_gsm8k_answer``, ``parse_number``, ``gsm8k_correct``,
   ``has_gsm8k_format``, ``int_correct``
 * :mod:`.math` - ``extract_boxed``, ``has_boxed``, ``normalize_answer``,
-  ``answers_equivalent`` (unbounded, for workers), ``math_correct`` (bounded)
+  ``answers_equivalent`` (unbounded, for workers)
 * :mod:`.steps` - ``safe_eval``, ``split_steps``, ``step_rewards``
-* :mod:`.batch` - ``Verdict``, ``verify_batch``, ``summarize``, ``shutdown_pool``, ``KINDS``
+* :mod:`.batch` - ``Verdict``, ``verify_batch``, ``math_correct`` (one answer, bounded),
+  ``summarize``, ``shutdown_pool``, ``KINDS``
 
 Nothing in this package imports torch; math_verify/sympy are imported lazily (in the
 worker processes for ``verify_batch("math", ...)``).
 """
 
-from harness.verifiers.batch import KINDS, Verdict, shutdown_pool, summarize, verify_batch
+from harness.verifiers.batch import KINDS, Verdict, math_correct, shutdown_pool, summarize, verify_batch
 from harness.verifiers.math import (
     answers_equivalent,
     extract_boxed,
     has_boxed,
-    math_correct,
     normalize_answer,
 )
 from harness.verifiers.numeric import (

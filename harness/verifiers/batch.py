@@ -22,7 +22,7 @@ from harness.verifiers import numeric
 from harness.verifiers.math import _MAX_ANSWER_CHARS, extract_boxed
 from harness.verifiers._pool import WorkerPool
 
-__all__ = ["KINDS", "Verdict", "shutdown_pool", "summarize", "verify_batch"]
+__all__ = ["KINDS", "Verdict", "math_correct", "shutdown_pool", "summarize", "verify_batch"]
 
 
 @dataclass
@@ -180,6 +180,22 @@ def verify_batch(
             detail = f"{type(exc).__name__}: {exc}"[:200]
             out.append(Verdict(False, numeric.has_gsm8k_format(c), extracted, "error", detail))
     return out
+
+
+def math_correct(completion: str, gold: str, *, timeout_s: float = 5.0) -> bool:
+    """Check a MATH completion against the gold answer, bounded in time from any thread.
+
+    Args:
+        completion: the model completion; its last ``\\boxed{}`` is the answer.
+        gold: the gold answer string (MATH ``answer`` field).
+        timeout_s: deadline for the equivalence check; runs in the shared worker pool of
+            :mod:`harness.verifiers.batch`.
+
+    Returns:
+        False when there is no box, on timeout or on any error; else
+        :func:`harness.verifiers.math.answers_equivalent`.
+    """
+    return verify_batch("math", [completion], [gold], timeout_s=timeout_s, num_workers=1)[0].correct
 
 
 def summarize(verdicts: Iterable[Verdict]) -> dict[str, float]:

@@ -22,7 +22,8 @@ Conventions:
 :func:`answers_equivalent` has no time bound of its own (sympy can run for ever on inputs like
 ``9^{9^{9^9}}``); it is meant to run inside the worker processes of
 :mod:`harness.verifiers.batch`, which enforce a deadline by killing the worker.
-:func:`math_correct` goes through that pool and is therefore bounded from any thread.
+:func:`harness.verifiers.batch.math_correct` goes through that pool and is therefore bounded from any
+thread.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ __all__ = [
     "answers_equivalent",
     "extract_boxed",
     "has_boxed",
-    "math_correct",
     "normalize_answer",
     "ungroup_thousands",
 ]
@@ -346,20 +346,3 @@ def answers_equivalent(pred: str, gold: str) -> bool:
             raise_on_error=False,
         )
     )
-
-
-def math_correct(completion: str, gold: str, *, timeout_s: float = 5.0) -> bool:
-    """Check a MATH completion against the gold answer, bounded in time from any thread.
-
-    Args:
-        completion: the model completion; its last ``\\boxed{}`` is the answer.
-        gold: the gold answer string (MATH ``answer`` field).
-        timeout_s: deadline for the equivalence check; runs in the shared worker pool of
-            :mod:`harness.verifiers.batch`.
-
-    Returns:
-        False when there is no box, on timeout or on any error; else :func:`answers_equivalent`.
-    """
-    from harness.verifiers.batch import verify_batch
-
-    return verify_batch("math", [completion], [gold], timeout_s=timeout_s, num_workers=1)[0].correct
