@@ -30,8 +30,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from hydra.errors import HydraException
 
-from tests.knob_probe import adamw_noise_ok, diff, metric, probe, same
+from harness.validate import ConfigError, validate
+from tests.conftest import compose
+from tests.knob_probe import BASE, adamw_noise_ok, diff, metric, probe, same
 
 MU2 = ("mu=2", "train.lr=0.05")  # a second pass moves the ratio away from 1
 KL = ("beta=0.5",)
@@ -394,6 +397,22 @@ def test_float64_model_computes_in_double():
     assert not same(f32["loss"], f64["loss"], rtol=1e-12, atol=0), "float64 computed exactly what float32 did"
 
 
+
+# The refused and checked knobs (restored: f9732c3 dropped these two tests by accident, so no
+# ``refused`` row and no ``check_*`` function below ran between it and this commit).
+@pytest.mark.parametrize("key", sorted(k for k, v in KNOBS.items() if v.kind == "refused"))
+def test_refused_knob_values_fail_at_startup_naming_the_key(key):
+    knob = KNOBS[key]
+    with pytest.raises((ConfigError, HydraException)) as e:
+        validate(compose(*BASE, *_overrides(key, knob.value)))
+    assert knob.observe in str(e.value)
+
+
+@pytest.mark.parametrize("key", sorted(k for k, v in KNOBS.items() if v.kind == "check"))
+def test_checked_knob(key, tmp_path, monkeypatch):
+    globals()[KNOBS[key].value](key, tmp_path, monkeypatch)
+
+
 # ---------------------------------------------------------------------------- own set-ups
 
 # the local copies of the data sets, read once (tests/conftest.py sets the variables; some checks
@@ -515,8 +534,9 @@ def _small_copy(task: str, folder: Path, skip: int = 0) -> Path:
 def check_data_dir(key, tmp_path, monkeypatch):
     task = key.split("/")[1].split(".")[0]
     small = _small_copy(task, tmp_path / "small", skip=40)
-    a = probe(f"task={task}")
-    b = probe(f"task={task}", f"task.data_dir={small}")
+    # 4 eval problems: the small copy's test set has 6, fewer than the default task.eval_size
+    a = probe(f"task={task}", "task.eval_size=4")
+    b = probe(f"task={task}", f"task.data_dir={small}", "task.eval_size=4")
     assert not same(a["prompts"], b["prompts"]) and not same(a["eval"], b["eval"])
 
 
@@ -550,7 +570,7 @@ def check_hub_ids(key, tmp_path, monkeypatch):
     for v in (None, value):
         calls.clear()
         extra = [f"task.{field}={v}"] if v else []
-        cfg = compose(f"task={task}", "task.data_dir=null", *extra)
+        cfg = compose(f"task={task}", "task.data_dir=null", "task.eval_size=4", *extra)  # 6 rows served
         build_task(cfg.task)
         names = {c[0] for c in calls} | {c[1] for c in calls}
         if v:
@@ -570,10 +590,11 @@ def check_strict(key, tmp_path, monkeypatch):
     rows = _head(folder / "train.jsonl", 6)
     rows[2] = {k: ("" if k in ("question", "problem") else v) for k, v in rows[2].items()}
     _write_jsonl(folder / "train.jsonl", rows)
-    lenient = build_task(compose(f"task={task}", f"task.data_dir={folder}").task)
+    small = (f"task.data_dir={folder}", "task.eval_size=4")  # the copy's test set has 6 problems
+    lenient = build_task(compose(f"task={task}", *small).task)
     assert lenient.skipped_rows == 1 and len(lenient.train) == 5
     with pytest.raises(DataError, match=r"train.jsonl:3"):
-        build_task(compose(f"task={task}", f"task.data_dir={folder}", "task.strict=true").task)
+        build_task(compose(f"task={task}", *small, "task.strict=true").task)
 
 
 def _math_verdicts(*overrides):
