@@ -10,6 +10,7 @@ import dataclasses
 import json
 import logging
 import math
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -490,19 +491,39 @@ class Trainer:
 
     def save_checkpoint(self, finished: bool = False):
         """Write a checkpoint (rank 0; every rank calls this at the same step: it gathers each rank's
-        RNG state into ``rng_per_rank`` and waits until the file is in place)."""
+        RNG state into ``rng_per_rank`` and waits until the file is in place).
+
+        The final one (``finished``) is kept as ``checkpoint.keep_final`` says: ``full`` as any
+        checkpoint (with ``checkpoint.keep`` of them); ``weights`` writes the policy weights to
+        ``<checkpoint dir>/final/`` first, then the finished marker (the checkpoint without model or
+        optimizer state); ``none`` the marker only. Either of those two leaves no other checkpoint.
+        """
         if self.checkpoint_dir is None:
             return None
+        keep_final = self.cfg.checkpoint.keep_final if finished else "full"
         rngs = self.world.gather_objects(ckpt.rng_state())
-        models = self._model_states() if distributed.is_sharded(self.policy) else None
+        models = None
+        if keep_final == "weights":  # a collective when sharded: every rank gathers
+            models = {"policy": distributed.full_state(self.policy)[0]}
+        elif keep_final == "full" and distributed.is_sharded(self.policy):
+            models = self._model_states()
         path = None
         if self.world.is_main:
+            if keep_final != "full":
+                models = {"policy": None, "optimizer": None, "ref": None, **(models or {})}
             state = self.state_dict(models)
             state["finished"] = finished
             state["world_size"] = self.world.world_size
             if self.world.distributed:
                 state["rng_per_rank"] = rngs
-            path = ckpt.save(self.checkpoint_dir, self.step, state, keep=self.cfg.checkpoint.keep)
+            if keep_final == "weights":
+                ckpt.save_final_weights(self.checkpoint_dir, self.policy, state["policy"], self.tok)
+            elif finished:  # none: no weights; full: they are in the checkpoint
+                shutil.rmtree(self.checkpoint_dir / ckpt.FINAL_WEIGHTS, ignore_errors=True)
+            if finished:
+                state = ckpt.finished_marker(state, keep_final)
+            keep = self.cfg.checkpoint.keep if keep_final == "full" else 1
+            path = ckpt.save(self.checkpoint_dir, self.step, state, keep=keep)
         self.world.barrier()
         return path
 
