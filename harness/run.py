@@ -22,7 +22,7 @@ import torch
 from omegaconf import OmegaConf
 
 from harness import checkpoint as ckpt
-from harness import credentials
+from harness import credentials, progress
 from harness.config import register_configs
 from harness.tracking import _read_record, shared_folder_message
 from harness.validate import ConfigError, validate
@@ -556,13 +556,27 @@ def main(cfg) -> float:
     from harness import distributed
 
     scrub_hydra_records()
+    name = multirun_job_name(cfg)
     try:
-        return train(cfg)
+        with progress.job_prefix(name) if name else contextlib.nullcontext():  # parallel jobs' lines told apart
+            return train(cfg)
     except (*USER_ERRORS, DataError, ModelLoadError, TrackingError) as e:
         print(f"error: {credentials.redact(str(e))}", file=sys.stderr, flush=True)
         sys.exit(2)
     finally:
         distributed.shutdown()
+
+
+def multirun_job_name(cfg) -> str | None:
+    """``#<job number> <run name>`` of a Hydra multirun job (its log lines carry it), None otherwise."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return None
+    hc = HydraConfig.get()
+    if hc.mode is None or hc.mode.name != "MULTIRUN":
+        return None
+    return f"#{hc.job.num} {cfg.tracking.run_name or default_run_name(cfg)}"
 
 
 def scrub_hydra_records() -> None:

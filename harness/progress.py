@@ -1,0 +1,135 @@
+"""Progress reporting of a run's phases (rollout, reference / old log-probs, update micro-batches,
+eval), whether or not the output is a terminal.
+
+* On a terminal: tqdm bars, one per phase, cleared when the phase ends.
+* Otherwise (a redirected log, a multirun or sweep job): :class:`LogLines`, a tqdm that writes a
+  plain log line at most every :data:`INTERVAL_S` seconds instead of redrawing a bar, e.g.
+  ``step 3/10 rollout (32 seqs) 64/128 tok, 41 s``, and a last line when a phase that took longer
+  than that ends.
+* :func:`job_prefix` puts a job's name in front of every log line while the job runs (a Hydra
+  multirun job, a sweep trial), so the lines of parallel jobs can be told apart.
+
+``rollout.progress`` is the only switch (:func:`configure`). The trainer names the phase and the
+step (:func:`phase`, :func:`set_step`); the loops that do the work open a :func:`bar`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+
+from tqdm.std import tqdm
+
+log = logging.getLogger("harness.progress")
+
+INTERVAL_S = 30.0
+"""Seconds between two plain lines of one phase (a redirected log)."""
+
+_state = {"enabled": True, "plain": False, "phase": "", "step": ""}
+
+
+def configure(enabled: bool) -> None:
+    """``enabled``: ``rollout.progress`` (and rank 0: the other ranks report nothing)."""
+    _state["enabled"] = bool(enabled)
+
+
+def enabled() -> bool:
+    return _state["enabled"]
+
+
+def set_step(step: int, total: int) -> None:
+    """The step being computed, named in every plain line (``step 3/10``; 0/total: the step-0 eval)."""
+    _state["step"] = f"step {step}/{total}"
+
+
+@contextlib.contextmanager
+def phase(name: str):
+    """Name the phase the bars opened inside this block belong to (``rollout``, ``eval``, ...)."""
+    before = _state["phase"]
+    _state["phase"] = name
+    try:
+        yield
+    finally:
+        _state["phase"] = before
+
+
+def current_phase() -> str:
+    return _state["phase"]
+
+
+class _Discard:
+    """A file that drops what tqdm would draw (LogLines says it through logging instead)."""
+
+    def write(self, s) -> int:
+        return len(s)
+
+    def flush(self) -> None:
+        pass
+
+
+class LogLines(tqdm):
+    """A tqdm whose display is a log line: at most one every ``mininterval`` seconds while it runs
+    (none at the start), and one when it closes if it ran long enough to have printed any."""
+
+    monitor_interval = 0  # no tqdm monitor thread: it would refresh (print) more often than mininterval
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("mininterval", INTERVAL_S)
+        kwargs["file"] = _Discard()
+        self._printed = False
+        super().__init__(*args, **kwargs)
+
+    def display(self, msg=None, pos=None):
+        closing = self.disable  # tqdm.close() sets disable before its last display
+        if (self.n == 0 and not closing) or (closing and not self._printed):
+            return True
+        d = self.format_dict
+        total = f"/{d['total']}" if d["total"] else ""
+        where = " ".join(x for x in (_state["step"], self.desc) if x)
+        log.info("%s %d%s %s, %.0f s%s", where, d["n"], total, d["unit"], d["elapsed"], " (done)" if closing else "")
+        self._printed = True
+        return True
+
+
+def _plain() -> bool:
+    """Plain lines: inside :func:`job_prefix`, or when stderr is not a terminal."""
+    return _state["plain"] or not sys.stderr.isatty()
+
+
+def bar(total: int | None, unit: str, desc: str | None = None, disable: bool = False) -> tqdm:
+    """A progress bar over ``total`` units of the current phase (``desc`` defaults to its name):
+    a tqdm bar on a terminal, :class:`LogLines` otherwise; disabled by ``rollout.progress=false``."""
+    kind = LogLines if _plain() else tqdm
+    return kind(total=total, unit=unit, desc=desc if desc is not None else _state["phase"], leave=False,
+                disable=disable or not _state["enabled"])
+
+
+class _Prefixed(logging.Formatter):
+    """Another formatter's line with a prefix."""
+
+    def __init__(self, prefix: str, inner: logging.Formatter | None):
+        super().__init__()
+        self.prefix, self.inner = prefix, inner or logging.Formatter()
+
+    def format(self, record) -> str:
+        return f"{self.prefix} {self.inner.format(record)}"
+
+
+@contextlib.contextmanager
+def job_prefix(name: str):
+    """Prefix every line of the root logger's handlers with ``[name]`` inside this block (the
+    handlers' formatters are wrapped, then restored). Plain lines are used meanwhile: bars of
+    parallel jobs would overwrite each other."""
+    handlers = list(logging.getLogger().handlers)
+    before = [h.formatter for h in handlers]
+    plain = _state["plain"]
+    for h in handlers:
+        h.setFormatter(_Prefixed(f"[{name}]", h.formatter))
+    _state["plain"] = True
+    try:
+        yield
+    finally:
+        for h, f in zip(handlers, before):
+            h.setFormatter(f)
+        _state["plain"] = plain
