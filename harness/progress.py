@@ -72,18 +72,25 @@ class LogLines(tqdm):
     """A tqdm whose display is a log line: at most one every ``mininterval`` seconds while it runs
     (none at the start), and one when it closes if it ran long enough to have printed any."""
 
-    monitor_interval = 0  # no tqdm monitor thread: it would refresh (print) more often than mininterval
+    monitor_interval = 0  # no tqdm monitor thread of our own
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("mininterval", INTERVAL_S)
+        kwargs["maxinterval"] = max(kwargs["mininterval"], 10.0)
         kwargs["file"] = _Discard()
-        self._printed = False
+        self._printed, self._said_at = False, None
         super().__init__(*args, **kwargs)
 
     def display(self, msg=None, pos=None):
         closing = self.disable  # tqdm.close() sets disable before its last display
         if (self.n == 0 and not closing) or (closing and not self._printed):
             return True
+        now = self._time()
+        # tqdm's monitor thread (started by any other bar, e.g. transformers') refreshes every
+        # maxinterval: the rate limit is kept here
+        if not closing and self._said_at is not None and now - self._said_at < self.mininterval:
+            return True
+        self._said_at = now
         d = self.format_dict
         total = f"/{d['total']}" if d["total"] else ""
         where = " ".join(x for x in (_state["step"], self.desc) if x)

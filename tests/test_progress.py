@@ -45,6 +45,11 @@ def test_plain_lines_are_rate_limited_and_silent_for_a_short_phase(plain, caplog
             for _ in range(4):
                 bar.update(1)
     assert _lines(caplog) == []
+    with progress.bar(4, "tok") as bar:  # refreshes forced as tqdm's monitor thread does: one line per 30 s
+        bar.update(1)
+        for _ in range(3):
+            bar.refresh()
+    assert len(_lines(caplog)) == 2 and _lines(caplog)[-1].endswith("(done)"), _lines(caplog)
 
 
 def test_rollout_progress_false_silences_the_bars(plain, caplog, monkeypatch):
