@@ -70,7 +70,8 @@ class _Discard:
 
 class LogLines(tqdm):
     """A tqdm whose display is a log line: at most one every ``mininterval`` seconds while it runs
-    (none at the start), and one when it closes if it ran long enough to have printed any."""
+    (none at the start), and one marked ``(done)`` when it closes, if it printed any and the
+    count moved since."""
 
     monitor_interval = 0  # no tqdm monitor thread of our own
 
@@ -78,23 +79,23 @@ class LogLines(tqdm):
         kwargs.setdefault("mininterval", INTERVAL_S)
         kwargs["maxinterval"] = max(kwargs["mininterval"], 10.0)
         kwargs["file"] = _Discard()
-        self._printed, self._said_at = False, None
+        self._printed, self._said_at, self._said_n = False, None, None
         super().__init__(*args, **kwargs)
 
     def display(self, msg=None, pos=None):
         closing = self.disable  # tqdm.close() sets disable before its last display
-        if (self.n == 0 and not closing) or (closing and not self._printed):
-            return True
+        if (self.n == 0 and not closing) or (closing and (not self._printed or self.n == self._said_n)):
+            return True  # nothing done yet; a short phase; the last line already had the final count
         now = self._time()
         # tqdm's monitor thread (started by any other bar, e.g. transformers') refreshes every
         # maxinterval: the rate limit is kept here
         if not closing and self._said_at is not None and now - self._said_at < self.mininterval:
             return True
-        self._said_at = now
+        self._said_at, self._said_n = now, self.n
         d = self.format_dict
         total = f"/{d['total']}" if d["total"] else ""
-        where = " ".join(x for x in (_state["step"], self.desc) if x)
-        log.info("%s %d%s %s, %.0f s%s", where, d["n"], total, d["unit"], d["elapsed"], " (done)" if closing else "")
+        what = " ".join(x for x in (_state["step"], self.desc, f"{d['n']}{total} {d['unit']}") if x)
+        log.info("%s, %.0f s%s", what, d["elapsed"], " (done)" if closing else "")
         self._printed = True
         return True
 
