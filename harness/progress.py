@@ -26,7 +26,7 @@ log = logging.getLogger("harness.progress")
 INTERVAL_S = 30.0
 """Seconds between two plain lines of one phase (a redirected log)."""
 
-_state = {"enabled": True, "plain": False, "phase": "", "step": ""}
+_state = {"enabled": True, "plain": False, "phase": "", "step": "", "job": None}
 
 
 def configure(enabled: bool) -> None:
@@ -124,6 +124,12 @@ class _Prefixed(logging.Formatter):
         return f"{self.prefix} {self.inner.format(record)}"
 
 
+def prefixed(text: str) -> str:
+    """``text`` with the current job's prefix on each line (for what a job prints, e.g. its summary)."""
+    tag = _state.get("job")
+    return "\n".join(f"{tag} {line}" for line in text.splitlines()) if tag else text
+
+
 @contextlib.contextmanager
 def job_prefix(name: str):
     """Prefix every line of the root logger's handlers with ``[name]`` inside this block (the
@@ -132,12 +138,13 @@ def job_prefix(name: str):
     handlers = list(logging.getLogger().handlers)
     before = [h.formatter for h in handlers]
     plain = _state["plain"]
+    job = _state.get("job")
     for h in handlers:
         h.setFormatter(_Prefixed(f"[{name}]", h.formatter))
-    _state["plain"] = True
+    _state["plain"], _state["job"] = True, f"[{name}]"
     try:
         yield
     finally:
         for h, f in zip(handlers, before):
             h.setFormatter(f)
-        _state["plain"] = plain
+        _state["plain"], _state["job"] = plain, job

@@ -383,7 +383,7 @@ def report_finished(cfg, tracker, state: dict, plan: dict, ckpt_dir: Path, on_ev
         lines.append(f"  train longer : with train.lr_schedule={cfg.train.lr_schedule} the lr of every step depends "
                      "on train.steps, so another train.steps is another job (its own folder and run)")
     lines.append(f"  the same job : only {', '.join(ALLOWED_TO_DIFFER)} may differ; any other change is another job")
-    print(credentials.redact("\n".join(lines)), flush=True)
+    print(progress.prefixed(credentials.redact("\n".join(lines))), flush=True)
     return float(metrics.get("eval/accuracy", nan))
 
 
@@ -543,7 +543,7 @@ def summarize(history: dict, tracker, output_dir: Path, ckpt_dir: Path) -> float
                      f"second half mean {sum(rewards[half:]) / max(1, len(rewards) - half):.3f}")
     lines += [f"MLflow run    : {tracker.run_id} ({tracker.uri})", f"outputs       : {output_dir}",
               f"checkpoints   : {ckpt_dir}", *final_weights_line(ckpt_dir), *next_commands(tracker.uri)]
-    print(credentials.redact("\n".join(lines)), flush=True)
+    print(progress.prefixed(credentials.redact("\n".join(lines))), flush=True)
     return float(last.get("eval/accuracy", float("nan")))
 
 
