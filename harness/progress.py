@@ -34,10 +34,6 @@ def configure(enabled: bool) -> None:
     _state["enabled"] = bool(enabled)
 
 
-def enabled() -> bool:
-    return _state["enabled"]
-
-
 def set_step(step: int, total: int) -> None:
     """The step being computed, named in every plain line (``step 3/10``; 0/total: the step-0 eval)."""
     _state["step"] = f"step {step}/{total}"
