@@ -1,4 +1,5 @@
-"""Atomic checkpoints (temp file + rename) holding everything needed for an exact resume."""
+"""Atomic checkpoints (temp file + rename) holding everything needed for an exact resume, and what
+a finished run keeps (``checkpoint.keep_final``): the finished marker, and the final weights."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import logging
 import os
 import random
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +15,14 @@ import torch
 
 log = logging.getLogger(__name__)
 _NAME = re.compile(r"^step_(\d+)\.pt$")
+
+KEEP_FINAL = ("weights", "full", "none")
+"""``checkpoint.keep_final``: what a finished run's folder keeps besides its finished marker."""
+FINAL_WEIGHTS = "final"
+"""The folder (``<checkpoint dir>/final/``) of a finished run's policy weights: a Hugging Face model
+folder (``model.safetensors``, ``config.json``, the tokenizer) that ``model.name_or_path`` loads."""
+MODEL_STATES = ("policy", "optimizer", "ref", "critic")
+"""The entries of a checkpoint that hold model or optimizer state (a finished marker drops them)."""
 
 
 def rng_state() -> dict:
@@ -42,6 +52,37 @@ def save(folder: str | Path, step: int, state: dict, keep: int = 2) -> Path:
         old.unlink(missing_ok=True)
     log.info("checkpoint saved: %s", path)
     return path
+
+
+def save_final_weights(folder: str | Path, model, state_dict: dict, tokenizer=None) -> Path:
+    """Write the final policy weights as ``folder/final/`` (safetensors, the model's config and the
+    tokenizer), atomically: a temporary folder renamed over any previous one. Returns the folder."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    dest, tmp = folder / FINAL_WEIGHTS, folder / f".{FINAL_WEIGHTS}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(tmp)
+    if dest.exists():
+        shutil.rmtree(dest)
+    os.replace(tmp, dest)
+    return dest
+
+
+def finished_marker(state: dict, keep_final: str) -> dict:
+    """The finished run's checkpoint as ``checkpoint.keep_final`` keeps it: whole for ``full``; for
+    ``weights`` and ``none`` without :data:`MODEL_STATES` (the step, the MLflow run id, the config
+    key and the unsent metrics stay: what an idempotent rerun reads)."""
+    if keep_final == "full":
+        return {**state, "keep_final": keep_final}
+    return {**{k: v for k, v in state.items() if k not in MODEL_STATES}, "keep_final": keep_final,
+            "weights": FINAL_WEIGHTS if keep_final == "weights" else None}
+
+
+def has_model_states(state: dict) -> bool:
+    """Whether a checkpoint can be resumed from (a ``keep_final=weights|none`` marker cannot)."""
+    return state.get("policy") is not None and state.get("optimizer") is not None
 
 
 def list_checkpoints(folder: str | Path) -> list[Path]:

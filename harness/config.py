@@ -212,7 +212,10 @@ class TrackingConfig:
 class CheckpointConfig:
     dir: Optional[str] = None  # None = <hydra output dir>/checkpoints
     every: int = 4  # steps between checkpoints (0 = only at the end)
-    keep: int = 1
+    keep: int = 1  # checkpoints kept on disk while the run goes on (0 = all)
+    # what a finished run keeps besides its finished marker: weights (the final policy as safetensors in
+    # <dir>/final/) | full (the final checkpoint with optimizer state: needed to train longer) | none
+    keep_final: str = "weights"
 
 
 from harness.critic import CriticConfig  # noqa: E402  (the critic component's own node)

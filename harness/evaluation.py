@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from harness import progress
 from harness.algo import pass_at_k
 from harness.rollout import SamplingParams
 
@@ -69,10 +70,12 @@ def evaluate(task, backend, tokenizer, problems, *, max_new_tokens: int, num_sam
     golds = [p.gold for p in problems]
     greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
     texts, lengths = [], []
-    for s in range(0, len(prompts), batch_size):
-        out = backend.generate(prompts[s : s + batch_size], 1, greedy)
-        texts += out.texts
-        lengths += out.completion_mask.sum(1).tolist()
+    with progress.bar(len(prompts), "problems") as bar:
+        for s in range(0, len(prompts), batch_size):
+            out = backend.generate(prompts[s : s + batch_size], 1, greedy)
+            texts += out.texts
+            lengths += out.completion_mask.sum(1).tolist()
+            bar.update(len(out.texts))
     verdicts = task.score(texts, golds)
     if correct_out is not None:
         correct_out.extend(int(bool(v.correct)) for v in verdicts)

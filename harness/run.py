@@ -22,7 +22,7 @@ import torch
 from omegaconf import OmegaConf
 
 from harness import checkpoint as ckpt
-from harness import credentials
+from harness import credentials, progress
 from harness.config import register_configs
 from harness.tracking import _read_record, shared_folder_message
 from harness.validate import ConfigError, validate
@@ -252,7 +252,8 @@ def plan_job(cfg, ckpt_dir: Path, key: str, tracker) -> tuple[dict, dict | None]
 
     Raises:
         ConfigError: the folder holds another config's job; ``train.steps`` is below the step an
-            unfinished checkpoint reached.
+            unfinished checkpoint reached; training further from a finished marker that holds no
+            optimizer state (``checkpoint.keep_final=weights|none``: :func:`train_longer_refused`).
         FileNotFoundError: ``resume=auto`` or ``resume=<path>`` finds no checkpoint.
     """
     mode = str(cfg.resume or "")
@@ -288,6 +289,8 @@ def plan_job(cfg, ckpt_dir: Path, key: str, tracker) -> tuple[dict, dict | None]
         raise ConfigError(f"train.steps={steps} is below the step {state['step']} that the job's checkpoint {path} "
                           f"reached (unfinished): pass train.steps>={state['step']} to finish it, or resume=never "
                           "to start the job again")
+    if not ckpt.has_model_states(state):  # a finished marker (checkpoint.keep_final=weights|none)
+        raise ConfigError(train_longer_refused(state, path, steps))
     plan = {"do": "train", "path": str(path)}
     if state.get("finished"):  # train longer: the same run continues from the final checkpoint
         plan.update(extend_from=int(state["step"]),
@@ -295,12 +298,23 @@ def plan_job(cfg, ckpt_dir: Path, key: str, tracker) -> tuple[dict, dict | None]
     return plan, state
 
 
+def train_longer_refused(state: dict, path: Path, steps: int) -> str:
+    """The error for training a finished job further from a marker that holds no optimizer state."""
+    kept = state.get("keep_final", "weights")
+    return (f"train.steps={steps} would train the finished job further from step {state['step']}, but its final "
+            f"checkpoint {path} was kept with checkpoint.keep_final={kept} (no optimizer state to continue from). "
+            "Training longer needs checkpoint.keep_final=full from the start: rerun the job with resume=never "
+            f"checkpoint.keep_final=full train.steps={steps} (a new MLflow run; the old checkpoints move to "
+            "superseded/), or start fresh in another checkpoint.dir")
+
+
 def set_aside(ckpt_dir: Path, tracker, reason: str) -> Path | None:
     """Move the job's checkpoints and ``run.json`` into ``<ckpt_dir>/superseded/<UTC time>/`` so the
     job starts again in that folder without deleting anything; returns that folder (None when
     there was nothing to move). A run the record names that is still RUNNING (a killed attempt)
     is closed KILLED with the tag ``harness.closed_reason``."""
-    files = ckpt.list_checkpoints(ckpt_dir) + [p for p in (ckpt_dir / "run.json",) if p.exists()]
+    files = ckpt.list_checkpoints(ckpt_dir) + [p for p in (ckpt_dir / "run.json", ckpt_dir / ckpt.FINAL_WEIGHTS)
+                                               if p.exists()]
     if not files:
         return None
     rec = _read_record(ckpt_dir / "run.json") or {}
@@ -348,23 +362,28 @@ def report_finished(cfg, tracker, state: dict, plan: dict, ckpt_dir: Path, on_ev
     lines = [
         f"== grpo-harness: {head} ==",
         f"MLflow run    : {run_id} (FINISHED, {tracker.uri})",
-        f"steps         : {plan['step']} (train.steps={cfg.train.steps}); final checkpoint {plan['path']}",
+        f"steps         : {plan['step']} (train.steps={cfg.train.steps}); final checkpoint {plan['path']}"
+        f" (checkpoint.keep_final={state.get('keep_final', 'full')})",
         f"eval accuracy : {metrics.get('eval/accuracy', nan):.3f}   format rate {metrics.get('eval/format_rate', nan):.3f}"
         f"   train reward (last step) {metrics.get('train/reward_mean', nan):.3f}",
         f"outputs       : {tags.get('output_dir', '?')}",
         f"checkpoints   : {ckpt_dir}",
+        *final_weights_line(ckpt_dir),
         "To go on:",
         "  start again  : the same command with resume=never (the checkpoints and run.json move to "
         f"{ckpt_dir}/superseded/<time>/; a new MLflow run), or another checkpoint.dir",
     ]
-    if cfg.train.lr_schedule == "constant":
+    if cfg.train.lr_schedule == "constant" and not ckpt.has_model_states(state):
+        lines.append(f"  train longer : not from this folder: checkpoint.keep_final={state.get('keep_final')} kept no "
+                     "optimizer state; run the job with resume=never checkpoint.keep_final=full to be able to")
+    elif cfg.train.lr_schedule == "constant":
         lines.append(f"  train longer : train.steps=<more than {plan['step']}> continues from the final checkpoint "
                      "in the same MLflow run")
     else:
         lines.append(f"  train longer : with train.lr_schedule={cfg.train.lr_schedule} the lr of every step depends "
                      "on train.steps, so another train.steps is another job (its own folder and run)")
     lines.append(f"  the same job : only {', '.join(ALLOWED_TO_DIFFER)} may differ; any other change is another job")
-    print(credentials.redact("\n".join(lines)), flush=True)
+    print(progress.prefixed(credentials.redact("\n".join(lines))), flush=True)
     return float(metrics.get("eval/accuracy", nan))
 
 
@@ -499,6 +518,14 @@ def next_commands(uri: str) -> list[str]:
             "   (-> reports/)"]
 
 
+def final_weights_line(ckpt_dir: Path) -> list[str]:
+    """The summary line naming a finished run's final weights folder (none when it was not kept)."""
+    final = Path(ckpt_dir) / ckpt.FINAL_WEIGHTS
+    if not final.is_dir():
+        return []
+    return [f"final weights : {final}   (a model folder: model.name_or_path={final} loads it)"]
+
+
 def summarize(history: dict, tracker, output_dir: Path, ckpt_dir: Path) -> float:
     """Print before/after accuracy, reward trend and where the outputs are; return final accuracy."""
     steps = sorted(history)
@@ -515,8 +542,8 @@ def summarize(history: dict, tracker, output_dir: Path, ckpt_dir: Path) -> float
         lines.append(f"train reward  : first half mean {sum(rewards[:half]) / half:.3f}, "
                      f"second half mean {sum(rewards[half:]) / max(1, len(rewards) - half):.3f}")
     lines += [f"MLflow run    : {tracker.run_id} ({tracker.uri})", f"outputs       : {output_dir}",
-              f"checkpoints   : {ckpt_dir}", *next_commands(tracker.uri)]
-    print(credentials.redact("\n".join(lines)), flush=True)
+              f"checkpoints   : {ckpt_dir}", *final_weights_line(ckpt_dir), *next_commands(tracker.uri)]
+    print(progress.prefixed(credentials.redact("\n".join(lines))), flush=True)
     return float(last.get("eval/accuracy", float("nan")))
 
 
@@ -529,13 +556,27 @@ def main(cfg) -> float:
     from harness import distributed
 
     scrub_hydra_records()
+    name = multirun_job_name(cfg)
     try:
-        return train(cfg)
+        with progress.job_prefix(name) if name else contextlib.nullcontext():  # parallel jobs' lines told apart
+            return train(cfg)
     except (*USER_ERRORS, DataError, ModelLoadError, TrackingError) as e:
         print(f"error: {credentials.redact(str(e))}", file=sys.stderr, flush=True)
         sys.exit(2)
     finally:
         distributed.shutdown()
+
+
+def multirun_job_name(cfg) -> str | None:
+    """``#<job number> <run name>`` of a Hydra multirun job (its log lines carry it), None otherwise."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return None
+    hc = HydraConfig.get()
+    if hc.mode is None or hc.mode.name != "MULTIRUN":
+        return None
+    return f"#{hc.job.num} {cfg.tracking.run_name or default_run_name(cfg)}"
 
 
 def scrub_hydra_records() -> None:

@@ -72,6 +72,7 @@ import time
 import warnings
 from pathlib import Path
 
+from harness import progress
 from harness.credentials import install as _redact_logs
 from harness.credentials import redact, redact_obj, warn_inline
 from harness.sweep_spec import CONF_DIR, Sweep, SweepError, TrialFailed, load_sweep
@@ -326,7 +327,8 @@ class Objective:
                 raise TrialPruned(f"{sweep.metric}={value:.4g} at step {step}")
 
         try:
-            train(cfg, on_eval=on_eval)
+            with progress.job_prefix(f"trial {orig}"):
+                train(cfg, on_eval=on_eval)
         except (TrialPruned, KeyboardInterrupt, *_config_errors()):
             raise
         except Exception as e:

@@ -10,6 +10,7 @@ import dataclasses
 import json
 import logging
 import math
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,7 @@ import torch
 
 from harness import checkpoint as ckpt
 from harness.algo import GROUP_FILTERS, KL_CONTROLLERS, TOKEN_ESTIMATORS, AdvantageContext
-from harness import distributed
+from harness import distributed, progress
 from harness.distributed import full_weights, world
 from harness.evaluation import BY_OUTCOME, completion_len_by_outcome, evaluate
 from harness.health import HealthMonitor
@@ -104,6 +105,7 @@ class Trainer:
         self.config_key = config_key  # written into checkpoints: another config's job must not resume them
         self.on_eval, self.on_step = on_eval, on_step
         self.world = world()
+        progress.configure(cfg.rollout.progress and self.world.is_main)  # the one switch; rank 0 reports
         self.world.broadcast_module(policy)  # every rank starts from rank 0's weights
         if critic is not None:
             self.world.broadcast_module(critic.model)
@@ -222,7 +224,8 @@ class Trainer:
         """One rollout + ``mu`` optimisation passes; returns the step's metrics."""
         cfg, G, mb = self.cfg, self.cfg.group_size, self.cfg.train.micro_batch_size
         t_start = time.perf_counter()
-        batch, rew, problems, info = self.collect()
+        with progress.phase("rollout"):
+            batch, rew, problems, info = self.collect()
         cmask = batch.completion_mask
         loss_mask = cmask.clone()
         if cfg.overlong.mask_truncated:
@@ -234,17 +237,19 @@ class Trainer:
                      share_prefix=share, precision=cfg.train.precision)
         need_old = cfg.mu > 1 or (self.use_ref and cfg.kl.placement == "reward")
         t0 = time.perf_counter()
-        with full_weights(self.policy):
+        with full_weights(self.policy), progress.phase("old log-probs"):
             old = batched_logprobs(self.policy, *args, **lp_kw) if need_old else None
         t_old = time.perf_counter() - t0
-        with full_weights(self.ref):
+        with full_weights(self.ref), progress.phase("reference log-probs"):
             ref = batched_logprobs(self.ref, *args, **lp_kw) if self.use_ref else None
         t_ref = time.perf_counter() - t0 - t_old
-        values = self.critic.values(*args, mb) if self.critic is not None else None
+        with progress.phase("critic values"):
+            values = self.critic.values(*args, mb) if self.critic is not None else None
         t_logprob = time.perf_counter() - t0
 
         scores, token_rewards = shape_rewards(rew.rewards, cmask, old, ref, cfg, beta=self.kl_coef)
-        greedy = self._greedy_scores(problems) if "greedy" in self.estimator.needs else None
+        with progress.phase("greedy rollout"):
+            greedy = self._greedy_scores(problems) if "greedy" in self.estimator.needs else None
         steps = None
         if "step_rewards" in self.estimator.needs:
             steps = process_step_rewards(self.task, self.tok, batch.texts, batch.completion_ids, cmask, rew.rewards)
@@ -265,7 +270,8 @@ class Trainer:
         tb = TrainBatch(batch.prompt_ids, batch.prompt_mask, batch.completion_ids, loss_mask,
                         local_adv, old, ref, values, local_returns, sampler_logprobs=batch.sampler_logprobs)
         lr = self.sched.get_last_lr()[0]  # the learning rate this step's update uses
-        stats = self._update(tb)
+        with progress.phase("update"):
+            stats = self._update(tb)
         t_update = time.perf_counter() - t0
         self.step += 1
         if self.ref is not None and cfg.kl.ref_refresh_steps and self.step % cfg.kl.ref_refresh_steps == 0:
@@ -403,7 +409,7 @@ class Trainer:
         share = w.shard(len(problems))
         correct: list[int] = []
         lengths: list[int] = []
-        with full_weights(self.policy):
+        with full_weights(self.policy), progress.phase("eval"):
             m, rows = evaluate(self.task, self.backend, self.tok, problems[share.start : share.stop],
                            max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
                            num_samples=cfg.eval.num_samples, temperature=cfg.eval.temperature,
@@ -436,17 +442,25 @@ class Trainer:
         cfg = self.cfg
         history = {}
         peak, w = PeakMemory(), self.world
+        say = log.info if w.is_main else log.debug  # metrics are global: rank 0 says them once
         if self.step == 0:
+            progress.set_step(0, cfg.train.steps)
+            t0 = time.perf_counter()
             history[0] = self.run_eval(0)
             self.tracker.log_metrics(history[0], step=0)
+            say("step 0/%d %s", cfg.train.steps, _eval_line(history[0], time.perf_counter() - t0))
         while self.step < cfg.train.steps:
             peak.reset()
+            progress.set_step(self.step + 1, cfg.train.steps)
             m = self.train_step()
             m["perf/peak_mem_gib"] = w.max(peak.read()) / 2**30  # the largest rank's
             step = self.step
             last = step == cfg.train.steps
+            t_eval = None
             if (cfg.eval.every and step % cfg.eval.every == 0) or last:
+                t0 = time.perf_counter()
                 m.update(self.run_eval(step))
+                t_eval = time.perf_counter() - t0
             history[step] = m
             self.tracker.queue(m, step=step)
             self.tracker.heartbeat()
@@ -455,9 +469,8 @@ class Trainer:
                 self.tracker.set_tags({warning.tag: warning.message})
             if self.on_step is not None:
                 self.on_step(self._last)
-            (log.info if w.is_main else log.debug)("step %d/%d reward %.3f acc %.3f %s(%.1fs)", step, cfg.train.steps,
-                     m["train/reward_mean"], m["train/accuracy"],
-                     f"eval_acc {m['eval/accuracy']:.3f} " if "eval/accuracy" in m else "", m["time/step_s"])
+            say("step %d/%d reward %.3f acc %.3f %s| %s", step, cfg.train.steps, m["train/reward_mean"],
+                m["train/accuracy"], f"{_eval_line(m)} " if t_eval is not None else "", _phase_split(m, t_eval))
             periodic = self.checkpoint_dir is not None and cfg.checkpoint.every > 0
             due = periodic and step % cfg.checkpoint.every == 0
             if due or last:  # the checkpoint holds the unflushed metrics: see load_state_dict
@@ -490,19 +503,39 @@ class Trainer:
 
     def save_checkpoint(self, finished: bool = False):
         """Write a checkpoint (rank 0; every rank calls this at the same step: it gathers each rank's
-        RNG state into ``rng_per_rank`` and waits until the file is in place)."""
+        RNG state into ``rng_per_rank`` and waits until the file is in place).
+
+        The final one (``finished``) is kept as ``checkpoint.keep_final`` says: ``full`` as any
+        checkpoint (with ``checkpoint.keep`` of them); ``weights`` writes the policy weights to
+        ``<checkpoint dir>/final/`` first, then the finished marker (the checkpoint without model or
+        optimizer state); ``none`` the marker only. Either of those two leaves no other checkpoint.
+        """
         if self.checkpoint_dir is None:
             return None
+        keep_final = self.cfg.checkpoint.keep_final if finished else "full"
         rngs = self.world.gather_objects(ckpt.rng_state())
-        models = self._model_states() if distributed.is_sharded(self.policy) else None
+        models = None
+        if keep_final == "weights":  # a collective when sharded: every rank gathers
+            models = {"policy": distributed.full_state(self.policy)[0]}
+        elif keep_final == "full" and distributed.is_sharded(self.policy):
+            models = self._model_states()
         path = None
         if self.world.is_main:
+            if keep_final != "full":
+                models = {"policy": None, "optimizer": None, "ref": None, **(models or {})}
             state = self.state_dict(models)
             state["finished"] = finished
             state["world_size"] = self.world.world_size
             if self.world.distributed:
                 state["rng_per_rank"] = rngs
-            path = ckpt.save(self.checkpoint_dir, self.step, state, keep=self.cfg.checkpoint.keep)
+            if keep_final == "weights":
+                ckpt.save_final_weights(self.checkpoint_dir, self.policy, state["policy"], self.tok)
+            elif finished:  # none: no weights; full: they are in the checkpoint
+                shutil.rmtree(self.checkpoint_dir / ckpt.FINAL_WEIGHTS, ignore_errors=True)
+            if finished:
+                state = ckpt.finished_marker(state, keep_final)
+            keep = self.cfg.checkpoint.keep if keep_final == "full" else 1
+            path = ckpt.save(self.checkpoint_dir, self.step, state, keep=keep)
         self.world.barrier()
         return path
 
@@ -536,6 +569,25 @@ class Trainer:
 
         self.tracker.extend([Metric(k, v, ts, st) for k, v, ts, st in pending])
         self.tracker.flush()
+
+
+def _eval_line(m: dict, seconds: float | None = None) -> str:
+    """``eval_acc 0.250 format 0.750`` (and the eval's time) for the step lines."""
+    took = f" ({seconds:.1f} s)" if seconds is not None else ""
+    return f"eval_acc {m.get('eval/accuracy', float('nan')):.3f} format {m.get('eval/format_rate', float('nan')):.3f}{took}"
+
+
+SPLIT = (("rollout", "time/rollout_s"), ("reward", "time/reward_s"), ("log-probs", "time/logprob_s"),
+         ("update", "time/update_s"))
+"""The phases of a step's line and the ``time/*`` metric each is read from."""
+
+
+def _phase_split(m: dict, t_eval: float | None) -> str:
+    """``12.3 s: rollout 8.1, reward 0.1, log-probs 1.2, update 2.9[, eval 4.0]`` from the step's metrics."""
+    parts = [f"{name} {m[key]:.1f}" for name, key in SPLIT if key in m]
+    if t_eval is not None:
+        parts.append(f"eval {t_eval:.1f}")
+    return f"{m['time/step_s'] + (t_eval or 0.0):.1f} s: {', '.join(parts)}"
 
 
 def _accumulate(total: dict, new: dict, n: int) -> None:

@@ -21,6 +21,7 @@ from harness.algo import POLICY_LOSSES, ROLLOUT_CORRECTIONS, aggregate_loss, kl_
 from harness.distributed import idle_backward, idle_passes, is_sharded, logprob_forward, world
 from harness.kv import prompt_groups
 from harness.logprobs import token_logprobs
+from harness import progress
 from harness.precision import autocast, upcast
 
 
@@ -234,6 +235,7 @@ def policy_pass(policy, batch: TrainBatch, cfg, micro_batch_size: int, beta=None
     mbs = list(micro_batches(batch, micro_batch_size, share))
     idle = idle_passes(policy, len(mbs))  # sharded: passes to add to match the busiest rank's collectives
     dev = next(policy.parameters()).device
+    bar = progress.bar(len(mbs), "micro-batch")
     for idx, mb in mbs:
         mb = mb.to(dev)  # the batch stays on CPU; each micro-batch visits the model's device
         mask = mb.loss_mask.float()
@@ -265,6 +267,8 @@ def policy_pass(policy, batch: TrainBatch, cfg, micro_batch_size: int, beta=None
         for k, v in stats.items():
             v = float(v)
             sums[k] = sums.get(k, 0.0) + (v if k == "loss" else v * w)
+        bar.update(1)
+    bar.close()
     for _ in range(idle):
         with autocast(cfg.train.precision, dev.type):
             idle_backward(policy, share)
@@ -290,13 +294,15 @@ def batched_forward(fn, prompt_ids, prompt_mask, completion_ids, completion_mask
     out = torch.zeros(completion_ids.shape, dtype=torch.float32, device=completion_ids.device)
     move = (lambda t: t.to(device)) if device is not None else (lambda t: t)
     order = length_order(prompt_mask, completion_mask, _groups(prompt_ids, prompt_mask, share_prefix))
-    for start in range(0, len(order), micro_batch_size):
-        idx = order[start : start + micro_batch_size]
-        p0, tc = _trim_bounds(prompt_mask[idx], completion_mask[idx])
-        part = upcast(fn(move(prompt_ids[idx, p0:]), move(prompt_mask[idx, p0:]), move(completion_ids[idx, :tc]),
-                         move(completion_mask[idx, :tc])))
-        out = out.to(part.dtype)  # float64 from the first float64 part on (the zeros so far are exact)
-        out[idx, :tc] = part.to(out.device)
+    with progress.bar(-(-len(order) // micro_batch_size), "micro-batch") as bar:
+        for start in range(0, len(order), micro_batch_size):
+            idx = order[start : start + micro_batch_size]
+            p0, tc = _trim_bounds(prompt_mask[idx], completion_mask[idx])
+            part = upcast(fn(move(prompt_ids[idx, p0:]), move(prompt_mask[idx, p0:]),
+                             move(completion_ids[idx, :tc]), move(completion_mask[idx, :tc])))
+            out = out.to(part.dtype)  # float64 from the first float64 part on (the zeros so far are exact)
+            out[idx, :tc] = part.to(out.device)
+            bar.update(1)
     return out
 
 

@@ -151,6 +151,9 @@ def validate(cfg) -> None:
         _check(getattr(schema, "SHARDABLE", True), f"train.sharding=fsdp2 with rollout={cfg.rollout.backend}: syncing "
                "sharded weights into that engine is not implemented; use rollout=hf")
     _choice("train.lr_schedule", cfg.train.lr_schedule, ["constant", "linear", "cosine"])
+    from harness.checkpoint import KEEP_FINAL
+
+    _choice("checkpoint.keep_final", cfg.checkpoint.keep_final, KEEP_FINAL)
     if requires_groups(cfg.advantage.name):
         _check(cfg.group_size >= 2, f"group_size={cfg.group_size} with advantage={cfg.advantage.name}: "
                "a group estimator needs group_size >= 2 (a singleton group has no baseline)")

@@ -80,8 +80,9 @@ def _env(mark: str | None = None, ranks: int = 1) -> dict:
 
 
 def _args(tiny_dir, out: Path, steps: int, extra) -> list[str]:
+    # checkpoint.keep_final=full: the comparisons read the final checkpoint's weights, and some jobs train longer
     return [f"model.name_or_path={tiny_dir}", *BASE, f"train.steps={steps}", f"checkpoint.dir={out / 'ck'}",
-            f"tracking.uri=sqlite:///{out / 'mlflow.db'}", *extra]
+            f"tracking.uri=sqlite:///{out / 'mlflow.db'}", "checkpoint.keep_final=full", *extra]
 
 
 def launch(tiny_dir, out: Path, ranks: int, steps: int = 2, extra=(), check: bool = True):

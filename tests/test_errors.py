@@ -161,7 +161,7 @@ def test_jobs_of_different_configs_sharing_one_checkpoint_dir_are_refused(run_di
     from tests.conftest import QUICK, compose, run_job
 
     ck = run_dir / "shared-ck"
-    _, first, _ = run_job(f"checkpoint.dir={ck}", "seed=0")
+    _, first, _ = run_job(f"checkpoint.dir={ck}", "seed=0", "checkpoint.keep_final=full")  # resumed from below
     key0, key1 = config_key(compose(*QUICK, "seed=0")), config_key(compose(*QUICK, "seed=1"))
     assert key0 != key1 and json.loads((ck / "run.json").read_text())["config_key"] == key0
     with pytest.raises(ConfigError, match=f"checkpoint.dir={ck} holds the run of another config "

@@ -54,8 +54,12 @@ def _steps(client, run_id: str) -> dict:
 def test_rerun_of_a_finished_job_trains_nothing_then_train_longer_and_start_again(tmp_path):
     """Run, the same command again (no run, no metric, exit 0, the report), a lower train.steps
     (the same report), train.steps raised (the same run continues from the final checkpoint),
-    then resume=never (a new run; the old checkpoints moved aside, nothing deleted)."""
-    _job(tmp_path, "train.steps=4")
+    then resume=never (a new run; the old checkpoints moved aside, nothing deleted).
+
+    Training longer continues from the final checkpoint's optimizer state, so the job keeps it
+    (``checkpoint.keep_final=full``; the default keeps the weights only: tests/test_keep_final.py)."""
+    full = "checkpoint.keep_final=full"
+    _job(tmp_path, "train.steps=4", full)
     client, runs = _runs(f"sqlite:///{tmp_path}/mlflow.db")
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
     run_id = runs[0].info.run_id
@@ -64,7 +68,7 @@ def test_rerun_of_a_finished_job_trains_nothing_then_train_longer_and_start_agai
     final = tmp_path / "ckpt" / "step_000004.pt"
     stamp = final.stat().st_mtime_ns
 
-    again = _job(tmp_path, "train.steps=4")
+    again = _job(tmp_path, "train.steps=4", full)
     out = again.stdout
     assert "this job is already finished; nothing was trained or logged" in out, out[-2000:]
     assert f"MLflow run    : {run_id} (FINISHED" in out and f"final checkpoint {final}" in out
@@ -75,11 +79,11 @@ def test_rerun_of_a_finished_job_trains_nothing_then_train_longer_and_start_agai
     assert _steps(client, run_id) == before
     assert final.stat().st_mtime_ns == stamp
 
-    lower = _job(tmp_path, "train.steps=2")  # fewer steps than done: the same report, no truncation
+    lower = _job(tmp_path, "train.steps=2", full)  # fewer steps than done: the same report, no truncation
     assert "already finished" in lower.stdout and "steps         : 4 (train.steps=2)" in lower.stdout
     assert _steps(client, run_id) == before
 
-    longer = _job(tmp_path, "train.steps=6")
+    longer = _job(tmp_path, "train.steps=6", full)
     log = longer.stdout + longer.stderr
     assert "resuming from" in log and "training longer: train.steps 4 -> 6" in log
     client, runs = _runs(f"sqlite:///{tmp_path}/mlflow.db")
@@ -88,9 +92,9 @@ def test_rerun_of_a_finished_job_trains_nothing_then_train_longer_and_start_agai
     assert grown["train/reward_mean"] == [1, 2, 3, 4, 5, 6] and grown["eval/accuracy"] == [0, 2, 4, 6]
     assert all(v == sorted(set(v)) for v in grown.values()), grown  # every metric once
     assert runs[0].data.tags["harness.extended_from"] == "4" and runs[0].data.tags["harness.train_steps"] == "6"
-    assert "already finished" in _job(tmp_path, "train.steps=6").stdout
+    assert "already finished" in _job(tmp_path, "train.steps=6", full).stdout
 
-    fresh = _job(tmp_path, "train.steps=4", "resume=never")
+    fresh = _job(tmp_path, "train.steps=4", "resume=never", full)
     assert "resume=never: the job starts again" in fresh.stdout + fresh.stderr
     client, runs = _runs(f"sqlite:///{tmp_path}/mlflow.db")
     assert len(runs) == 2 and runs[0].info.run_id == run_id and runs[1].info.status == "FINISHED"

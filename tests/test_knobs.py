@@ -126,6 +126,7 @@ KNOBS = {
     "checkpoint.dir": book("checkpoint folder (resume is tested in test_resume.py)"),
     "checkpoint.every": book("checkpoint cadence (exact resume: test_resume.py)"),
     "checkpoint.keep": book("checkpoints kept on disk"),
+    "checkpoint.keep_final": book("what a finished run keeps on disk (test_keep_final.py)"),
     "resume": book("checkpoint to resume from (test_resume.py)"),
     "output_dir": book("Hydra output folder"),
     # ---------------------------------------------------------------- model

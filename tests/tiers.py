@@ -24,11 +24,13 @@ FAST = {
     "test_verifiers_steps.py", "test_verifiers_math.py", "test_verifiers_batch.py", "test_analysis_stats.py",
     "test_errors.py", "test_tasks.py", "test_health.py", "test_credentials.py", "test_update.py",
     "test_logprobs.py", "test_no_variant_names.py", "test_docs.py", "test_shared_prefix.py", "test_summary.py",
+    "test_progress.py",
 }
 # single tests of slow modules that belong to the fast tier
 FAST_TESTS = {
     "test_pipeline.py::test_two_steps_log_params_metrics_tags_and_artifacts",  # the tiny end-to-end run
     "test_knobs.py::test_every_schema_key_is_classified",
+    "test_keep_final.py::test_keep_final_takes_only_its_values",
 }
 # tests of fast modules that run whole jobs or start the CLI (10-110 s each under load, measured)
 SLOW_TESTS = {
@@ -42,6 +44,7 @@ SLOW_TESTS = {
     "test_errors.py::test_unknown_estimator_lists_valid_names_without_traceback",
     "test_shared_prefix.py::test_trainer_metrics_match_with_and_without_share_prefix",
     "test_health.py::test_a_truncated_run_warns_once_and_tags_the_mlflow_run",
+    "test_progress.py::test_a_run_logs_the_step0_eval_each_step_split_and_phase_lines",
 }
 BY_MODULE = {"test_distributed.py": "distributed", "test_distributed_kl.py": "distributed",
              "test_cluster.py": "servers", "test_vllm.py": "vllm"}

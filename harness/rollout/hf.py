@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import torch
-from tqdm.auto import tqdm
 
+from harness import progress
 from harness.kv import cache_kwarg, prompt_cache
 from harness.rollout.base import RolloutBatch, SamplingParams, concat_batches
 
@@ -179,8 +179,8 @@ class HFRollout:
         cache = self._shared_prefill(rows, enc) if self.share_prefix else None
         if cache is not None:
             kwargs[cache_kwarg(type(self.model))] = cache
-        with tqdm(total=params.max_new_tokens, desc=f"rollout ({len(rows)} seqs)", unit="tok",
-                  disable=not self.progress, leave=False) as bar:
+        with progress.bar(params.max_new_tokens, "tok", desc=f"{progress.current_phase() or 'rollout'} "
+                          f"({len(rows)} seqs)", disable=not self.progress) as bar:
             seq = self.model.generate(
                 **enc, max_new_tokens=params.max_new_tokens, pad_token_id=self.tokenizer.pad_token_id,
                 eos_token_id=sorted(self.eos_ids),

@@ -1,0 +1,106 @@
+"""Progress a reader can follow from a redirected log: plain, rate-limited lines per phase, one line
+per step with the phase split, the step-0 eval as soon as it is done, and a job's name on every
+line of a multirun job or a sweep trial (:mod:`harness.progress`)."""
+
+from __future__ import annotations
+
+import io
+import logging
+import re
+
+import pytest
+
+from harness import progress
+
+
+@pytest.fixture
+def plain(monkeypatch):
+    """Plain lines (as when stderr is redirected), progress on; the module state restored after."""
+    monkeypatch.setattr(progress, "_state", {"enabled": True, "plain": True, "phase": "", "step": ""})
+    return progress
+
+
+def _lines(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "harness.progress"]
+
+
+def test_plain_lines_name_step_phase_count_and_time(plain, caplog, monkeypatch):
+    caplog.set_level(logging.INFO)
+    monkeypatch.setattr(progress, "INTERVAL_S", 0.0)  # every update says a line
+    progress.set_step(3, 10)
+    with progress.phase("rollout"):
+        with progress.bar(32, "completions") as bar:
+            bar.update(12)
+            bar.update(20)
+    lines = _lines(caplog)  # closing adds no line: the last one had the final count
+    assert len(lines) == 2 and re.fullmatch(r"step 3/10 rollout 12/32 completions, \d+ s", lines[0]), lines
+    assert re.fullmatch(r"step 3/10 rollout 32/32 completions, \d+ s", lines[1]), lines
+    assert not any("\r" in x for x in lines)
+
+
+def test_plain_lines_are_rate_limited_and_silent_for_a_short_phase(plain, caplog):
+    caplog.set_level(logging.INFO)
+    with progress.phase("update"):
+        with progress.bar(4, "micro-batch") as bar:  # INTERVAL_S = 30 s: a phase of milliseconds says nothing
+            for _ in range(4):
+                bar.update(1)
+    assert _lines(caplog) == []
+    with progress.bar(4, "tok") as bar:  # refreshes forced as tqdm's monitor thread does: one line per 30 s
+        bar.update(1)
+        for _ in range(3):
+            bar.refresh()
+        bar.update(1)
+    assert [re.sub(r"\d+ s", "t", x) for x in _lines(caplog)] == ["1/4 tok, t", "2/4 tok, t (done)"], _lines(caplog)
+
+
+def test_rollout_progress_false_silences_the_bars(plain, caplog, monkeypatch):
+    caplog.set_level(logging.INFO)
+    monkeypatch.setattr(progress, "INTERVAL_S", 0.0)
+    progress.configure(False)
+    with progress.bar(2, "tok") as bar:
+        bar.update(2)
+    assert _lines(caplog) == []
+
+
+def test_job_prefix_marks_every_line_then_restores_the_formatters():
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    before = handler.formatter
+    try:
+        with progress.job_prefix("trial 3"):
+            logging.getLogger("harness.trainer").warning("step 1/2 reward 0.250")
+            assert progress.prefixed("== summary ==\nMLflow run : x") == "[trial 3] == summary ==\n[trial 3] MLflow run : x"
+        logging.getLogger("harness.trainer").warning("after")
+        assert progress.prefixed("a\nb") == "a\nb"
+    finally:
+        root.removeHandler(handler)
+    assert stream.getvalue().splitlines() == ["[trial 3] WARNING step 1/2 reward 0.250", "WARNING after"]
+    assert handler.formatter is before
+
+
+def test_a_run_logs_the_step0_eval_each_step_split_and_phase_lines(run_dir, caplog, monkeypatch):
+    """A tiny run with progress on and plain lines every update: the step-0 eval line comes before
+    step 1's lines, each step's line splits its time by phase (read from the time/* metrics), and
+    the rollout, reference log-prob, update and eval phases each report."""
+    from tests.conftest import run_job
+
+    caplog.set_level(logging.INFO)
+    monkeypatch.setattr(progress, "INTERVAL_S", 0.0)
+    monkeypatch.setattr(progress, "_state", {"enabled": True, "plain": True, "phase": "", "step": ""})
+    run_job(f"checkpoint.dir={run_dir}/ck", "rollout.progress=true", "beta=0.1")
+    msgs = [r.getMessage() for r in caplog.records if r.name.startswith("harness")]
+    first = next(i for i, m in enumerate(msgs) if m.startswith("step 0/2 eval_acc"))
+    assert re.match(r"step 0/2 eval_acc \d\.\d{3} format \d\.\d{3} \(\d+\.\d s\)$", msgs[first]), msgs[first]
+    assert all(not m.startswith("step 1/2 rollout") for m in msgs[:first]), "the step-0 eval line came late"
+    steps = [m for m in msgs if re.match(r"step [12]/2 reward", m)]
+    assert len(steps) == 2, steps
+    for m in steps:  # eval.every=1: every step evaluates
+        assert re.search(r"eval_acc \d\.\d{3} format \d\.\d{3} \| \d+\.\d s: rollout \d+\.\d, reward \d+\.\d, "
+                         r"log-probs \d+\.\d, update \d+\.\d, eval \d+\.\d$", m), m
+    for phase in ("step 1/2 rollout (8 seqs)", "step 1/2 reference log-probs", "step 1/2 update",
+                  "step 2/2 eval (4 seqs)", "step 2/2 eval "):
+        assert any(m.startswith(phase) for m in msgs), (phase, [m for m in msgs if m.startswith("step")])
+    assert not any("\r" in m for m in msgs)
