@@ -559,20 +559,26 @@ def run_meta(records: dict, machine: str) -> dict:
     return {"machine": machine, "first": fmt(times[0]) if times else "n/a", "last": fmt(times[-1]) if times else "n/a"}
 
 
-def _annotate(spec: dict, records: dict, root: Path) -> list[str]:
-    """Start times into the records (for run_meta) and provenance lines from the run tags."""
+def _annotate(spec: dict, records: dict, root: Path) -> tuple[list[str], str | None]:
+    """Start times into the records (for run_meta); the provenance lines from the run tags, and the
+    machine(s) the runs recorded (``provenance.machine.cpu`` / ``.cores`` params; None when no run
+    recorded one), so that a report regenerated elsewhere still names where the runs were measured."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(store_uri(spec, root))
-    commits, dirty = set(), set()
+    commits, dirty, machines = set(), set(), set()
     for runs in records.values():
         for r in runs.values():
             run = client.get_run(r.run_id)
             r.params["_start_ms"] = run.info.start_time or 0
             commits.add(run.data.tags.get("git_commit", "?"))
             dirty.add(run.data.tags.get("git_dirty", "?"))
-    return [f"git commit of the runs: {', '.join(sorted(commits))}; git_dirty: {', '.join(sorted(dirty))}"] \
+            cpu = run.data.params.get("provenance.machine.cpu")
+            if cpu:
+                machines.add(f"{cpu} ({run.data.params.get('provenance.machine.cores', '?')} cores)")
+    lines = [f"git commit of the runs: {', '.join(sorted(commits))}; git_dirty: {', '.join(sorted(dirty))}"] \
         if commits else []
+    return lines, " and ".join(sorted(machines)) or None
 
 
 def index(root: Path = RESULTS, studies: Path = Path("studies")) -> Path:
@@ -628,13 +634,13 @@ def update_readme(readme: Path, rows: list[str]) -> bool:
 def report(spec: dict, study_file: Path, root: Path = RESULTS, machine: str | None = None) -> dict:
     """Analyse the store and write the report, result.json and the index."""
     records = load_records(spec, root)
-    provenance = _annotate(spec, records, root) if any(records.values()) else []
+    provenance, recorded = _annotate(spec, records, root) if any(records.values()) else ([], None)
     from mlflow.tracking import MlflowClient
 
     # no client on a study never run: opening the uri would create an empty store
     client = MlflowClient(store_uri(spec, root)) if any(records.values()) else None
     result = analyse(spec, records, client=client)
-    meta = {**run_meta(records, machine or _machine()), "provenance": provenance}
+    meta = {**run_meta(records, machine or recorded or _machine()), "provenance": provenance}
     suffix = "-gpu" if spec.get("variant") == "gpu" else ""
     path = root / "studies" / f"{spec['name']}{suffix}.md"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -667,7 +673,8 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=None, help="jobs at once (joblib); default: the file's `jobs`")
     ap.add_argument("--launcher", default=None, help="hydra/launcher: joblib, slurm, ray_local")
     ap.add_argument("--keep-checkpoints", action="store_true")
-    ap.add_argument("--machine", default=None, help="the machine named in the report (default: /proc/cpuinfo)")
+    ap.add_argument("--machine", default=None, help="the machine named in the report (default: the one the runs "
+                    "recorded, else /proc/cpuinfo)")
     ap.add_argument("--results", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
     for f in args.studies:

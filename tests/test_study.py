@@ -118,6 +118,23 @@ def test_reproduced_store(in_tmp):
     assert json.loads((root / "studies" / "s" / "result.json").read_text())["verdict"] == "reproduced"
 
 
+def test_report_names_the_machine_the_runs_recorded(in_tmp):
+    """A report regenerated on another machine names where the runs ran (their
+    ``provenance.machine.*`` params), not the machine that wrote the report."""
+    from mlflow import MlflowClient
+
+    root = _store(in_tmp, "s", [(a, s, r, None, "FINISHED") for a, r in (("A", 30), ("B", 70)) for s in range(3)])
+    client = MlflowClient(f"sqlite:///{root / 'studies' / 's' / 'mlflow.db'}")
+    for run in client.search_runs([client.get_experiment_by_name("grpo-harness").experiment_id]):
+        client.log_param(run.info.run_id, "provenance.machine.cpu", "Recorded CPU")
+        client.log_param(run.info.run_id, "provenance.machine.cores", "4")
+    path = _spec(in_tmp)
+    res = study.report(study.load_study(path), path, root)  # no machine given: the runs' own
+    assert res["measured"].startswith("Recorded CPU (4 cores), ")
+    assert "- machine: Recorded CPU (4 cores);" in (root / "studies" / "s.md").read_text()
+    assert study.report(study.load_study(path), path, root, machine="test box")["measured"].startswith("test box, ")
+
+
 def test_contradicted_store(in_tmp):
     _store(in_tmp, "s", [("A", s, 70, None, "FINISHED") for s in range(3)]
            + [("B", s, r, None, "FINISHED") for s, r in zip(range(3), (30, 31, 29))])
