@@ -203,9 +203,11 @@ def test_train_steps_below_an_unfinished_checkpoint_is_refused(run_dir):
     from tests.conftest import run_job
 
     ck = run_dir / "ck"
-    _, run, _ = run_job(f"checkpoint.dir={ck}", "checkpoint.every=1", "checkpoint.keep=2")
+    # keep_final=full: the finished run keeps its step-1 checkpoint (weights/none delete it at the end)
+    args = (f"checkpoint.dir={ck}", "checkpoint.every=1", "checkpoint.keep=2", "checkpoint.keep_final=full")
+    _, run, _ = run_job(*args)
     (ck / "step_000002.pt").unlink()
     with pytest.raises(ConfigError, match=r"train.steps=1 is below the step 1 that the job's checkpoint .*step_000001.pt"):
-        run_job(f"checkpoint.dir={ck}", "checkpoint.every=1", "checkpoint.keep=2", "train.steps=1")
-    _, again, history = run_job(f"checkpoint.dir={ck}", "checkpoint.every=1", "checkpoint.keep=2")
+        run_job(*args, "train.steps=1")
+    _, again, history = run_job(*args)
     assert again.info.run_id == run.info.run_id and [s for s, _ in history("train/reward_mean")] == [1, 2]
