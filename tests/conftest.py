@@ -24,9 +24,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # HARNESS_TEST_THREADS=n: the thread count of every process the tests train in: this one
 # (torch.set_num_threads, at the start of the session) and the jobs the exactness tests launch
 # (OMP_NUM_THREADS: n for one process, n // ranks per torchrun rank, at least 1). Unset: torch's
-# default here, one thread in launched jobs. CI runs the exactness family (``-m exactness``) under 2
-# threads and again under 1: the two block their float sums differently, as two CPUs do, so a
-# comparison that holds only by one CPU's rounding fails in CI too (.ci/run).
+# default here, one thread in launched jobs. CI runs the suite under 2 threads and the float32
+# exactness cases (``-m exactness``) again under 1: the two block their float sums differently, as
+# two CPUs do, so a float32 tolerance that holds only by one CPU's rounding fails in CI too (.ci/run).
 TEST_THREADS = int(os.environ.get("HARNESS_TEST_THREADS") or 0)
 if TEST_THREADS:
     torch.set_num_threads(TEST_THREADS)

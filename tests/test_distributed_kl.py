@@ -11,8 +11,6 @@ import pytest
 
 from tests.test_distributed import EXACT, F64, _history, assert_same, pair, tiny_dir  # noqa: F401  (tiny_dir: the fixture)
 
-pytestmark = pytest.mark.exactness
-
 
 
 def test_two_ranks_equal_one_adaptive_kl_with_dapo(tiny_dir, tmp_path):  # noqa: F811

@@ -346,7 +346,6 @@ F64 = "model.dtype=float64"
 EXACT = dict(rtol=1e-10, atol=1e-12)  # float64: measured differences <= 7e-15 (rounding), 100x below
 
 
-@pytest.mark.exactness
 @pytest.mark.parametrize("key", SPEED_KEYS)
 def test_speed_knob_changes_nothing(key):
     """In float64, where a different summation order (micro-batches, chunks, threads, prefix
@@ -689,7 +688,6 @@ def test_knob_probe_exercises_the_branches():
     assert all(abs(v) > 0 for v in obs["loss"])
 
 
-@pytest.mark.exactness
 def test_eval_batch_size_is_exact_for_sampled_pass_at_k_too():
     """In float64, to 1e-10 (as test_speed_knob_changes_nothing)."""
     a = probe(F64, "eval.num_samples=2", "eval.batch_size=4")

@@ -15,14 +15,13 @@ from tests.conftest import tiny_llama
 
 DTYPES = pytest.mark.parametrize("dtype,tol", [
     pytest.param(torch.float64, dict(atol=1e-12, rtol=1e-10), id="float64"),
-    pytest.param(torch.float32, dict(atol=1e-5, rtol=1e-5), id="float32")])
+    pytest.param(torch.float32, dict(atol=1e-5, rtol=1e-5), id="float32", marks=pytest.mark.exactness)])
 
 
 def _ids(tokenizer, text):
     return torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]])
 
 
-@pytest.mark.exactness
 @DTYPES
 def test_left_padding_parity(tokenizer, dtype, tol):
     """A row with 5 left pads gives the same completion logprobs as the unpadded row."""
@@ -40,7 +39,6 @@ def test_left_padding_parity(tokenizer, dtype, tol):
     torch.testing.assert_close(padded, alone, **tol)
 
 
-@pytest.mark.exactness
 @DTYPES
 def test_chunked_logprobs_equal_full_softmax_with_temperature(tokenizer, dtype, tol):
     """Chunked LM-head log-probs (chunk=3) equal log_softmax(logits / T) of a plain forward."""

@@ -47,8 +47,7 @@ def _histories(tmp, name):
                                                        key=lambda m: m.step)] for k in DETERMINISTIC}
 
 
-@pytest.mark.exactness
-@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("dtype", ["float64", pytest.param("float32", marks=pytest.mark.exactness)])
 def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path, dtype):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     for name in ("a", "b"):

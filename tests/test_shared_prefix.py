@@ -40,7 +40,8 @@ F64 = dict(atol=1e-12, rtol=1e-10)
 def _dtypes(atol, rtol):
     """float64 to 1e-10 and float32 to (``atol``, ``rtol``), as pytest parameters."""
     return pytest.mark.parametrize("dtype,tol", [pytest.param(torch.float64, F64, id="float64"),
-                                                 pytest.param(torch.float32, dict(atol=atol, rtol=rtol), id="float32")])
+                                                 pytest.param(torch.float32, dict(atol=atol, rtol=rtol), id="float32",
+                                                              marks=pytest.mark.exactness)])
 
 
 def _grads(model):
@@ -61,7 +62,6 @@ def test_prompt_groups_finds_repeated_prompts(tokenizer):
     assert len(prompt_groups(p_ids, m2)[0]) == 4
 
 
-@pytest.mark.exactness
 @_dtypes(atol=2e-5, rtol=1e-4)
 def test_shared_prefix_logprobs_and_gradients_match_full_forward(tokenizer, dtype, tol):
     p_ids, p_mask, c_ids, c_mask, _ = _grouped(tokenizer)
@@ -78,7 +78,6 @@ def test_shared_prefix_logprobs_and_gradients_match_full_forward(tokenizer, dtyp
     assert out[True][2].abs().sum() > 0
 
 
-@pytest.mark.exactness
 @_dtypes(atol=1e-6, rtol=1e-4)
 def test_policy_pass_gradient_same_with_and_without_sharing(tokenizer, dtype, tol):
     p_ids, p_mask, c_ids, c_mask, true = _grouped(tokenizer)
@@ -95,7 +94,6 @@ def test_policy_pass_gradient_same_with_and_without_sharing(tokenizer, dtype, to
     torch.testing.assert_close(grads[0], grads[1], **tol)
 
 
-@pytest.mark.exactness
 @_dtypes(atol=2e-5, rtol=1e-4)
 def test_batched_logprobs_and_values_shared_match_unshared(tokenizer, dtype, tol):
     p_ids, p_mask, c_ids, c_mask, _ = _grouped(tokenizer)
@@ -140,9 +138,8 @@ def test_no_repeats_falls_back_to_plain_forward(tokenizer, monkeypatch):
     assert not called
 
 
-@pytest.mark.exactness
 @pytest.mark.parametrize("dtype,rel,abs_", [pytest.param("float64", 1e-10, 1e-12, id="float64"),
-                                            pytest.param("float32", 1e-3, 1e-5, id="float32")])
+                                            pytest.param("float32", 1e-3, 1e-5, id="float32", marks=pytest.mark.exactness)])
 def test_trainer_metrics_match_with_and_without_share_prefix(run_dir, monkeypatch, dtype, rel, abs_):
     """Same seed, same rollout: the step's losses, KL and values agree whether prompts are shared.
     float64 to 1e-10; float32 to 1e-3, step 2 coming after an AdamW step that turns float32
