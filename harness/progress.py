@@ -16,10 +16,13 @@ step (:func:`phase`, :func:`set_step`); the loops that do the work open a :func:
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import sys
 
+from huggingface_hub import utils as hub_utils
 from tqdm.std import tqdm
+from transformers.utils import logging as transformers_logging
 
 log = logging.getLogger("harness.progress")
 
@@ -107,6 +110,32 @@ def bar(total: int | None, unit: str, desc: str | None = None, disable: bool = F
     kind = LogLines if _plain() else tqdm
     return kind(total=total, unit=unit, desc=desc if desc is not None else _state["phase"], leave=False,
                 disable=disable or not _state["enabled"])
+
+
+def plain() -> bool:
+    """Whether progress is written as plain log lines (see :func:`bar`)."""
+    return _plain()
+
+
+def library_bars(enabled: bool) -> None:
+    """Show or hide the libraries' own bars (transformers' and huggingface_hub's weight loading):
+    shown only where ours are bars, i.e. ``enabled`` (``rollout.progress``) and a terminal. In a
+    redirected log their ``\r`` redraws would end up as one long line of carriage returns."""
+    if enabled and not _plain():
+        transformers_logging.enable_progress_bar()
+        hub_utils.enable_progress_bars()
+    else:
+        transformers_logging.disable_progress_bar()
+        hub_utils.disable_progress_bars()
+
+
+def tqdm_class():
+    """What vLLM's ``LLM.generate(use_tqdm=...)`` takes: False when progress is off (or on ranks
+    other than 0), else a bar class of this output: tqdm on a terminal, :class:`LogLines`
+    otherwise (vLLM names its own bars, e.g. ``Processed prompts``)."""
+    if not _state["enabled"]:
+        return False
+    return functools.partial(LogLines if _plain() else tqdm, leave=False)
 
 
 class _Prefixed(logging.Formatter):

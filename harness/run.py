@@ -93,6 +93,7 @@ def build_components(cfg):
     from harness.tasks import build_task
 
     task = build_task(cfg.task)
+    progress.library_bars(cfg.rollout.progress)  # transformers' loading bars: only on a terminal
     tokenizer = load_tokenizer(cfg.model.name_or_path)
     policy = build_policy(cfg, tokenizer)
     policy.train()

@@ -104,3 +104,47 @@ def test_a_run_logs_the_step0_eval_each_step_split_and_phase_lines(run_dir, capl
                   "step 2/2 eval (4 seqs)", "step 2/2 eval "):
         assert any(m.startswith(phase) for m in msgs), (phase, [m for m in msgs if m.startswith("step")])
     assert not any("\r" in m for m in msgs)
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_library_bars_show_only_where_ours_are_bars(plain, monkeypatch):
+    """transformers' and huggingface_hub's loading bars: hidden in a redirected log (plain lines)
+    and with rollout.progress=false, shown on a terminal."""
+    from huggingface_hub import utils as hub_utils
+    from transformers.utils import logging as tlog
+
+    try:
+        progress.library_bars(True)  # plain lines: their \r redraws would land in the log
+        assert not tlog.is_progress_bar_enabled() and hub_utils.are_progress_bars_disabled()
+        monkeypatch.setitem(progress._state, "plain", False)
+        monkeypatch.setattr(progress.sys, "stderr", _Terminal())
+        progress.library_bars(True)
+        assert tlog.is_progress_bar_enabled() and not hub_utils.are_progress_bars_disabled()
+        progress.library_bars(False)
+        assert not tlog.is_progress_bar_enabled() and hub_utils.are_progress_bars_disabled()
+    finally:
+        tlog.enable_progress_bar()
+        hub_utils.enable_progress_bars()
+
+
+def test_vllm_bar_class_writes_plain_lines(plain, caplog, monkeypatch):
+    """The class given to vLLM's use_tqdm, called as vLLM's engine loop calls it, writes log lines
+    (no \\r); with progress off it is False (vLLM then draws nothing)."""
+    caplog.set_level(logging.INFO)
+    monkeypatch.setattr(progress, "INTERVAL_S", 0.0)
+    progress.set_step(2, 5)
+    make = progress.tqdm_class()
+    pbar = make(total=4, desc="Processed prompts", dynamic_ncols=True,
+                postfix="est. speed input: 0.00 toks/s, output: 0.00 toks/s")
+    assert isinstance(pbar, progress.LogLines)
+    pbar.update(4)
+    pbar.close()
+    lines = _lines(caplog)
+    assert lines and re.fullmatch(r"step 2/5 Processed prompts 4/4 it, \d+ s", lines[0]), lines
+    assert not any("\r" in x for x in lines)
+    progress.configure(False)
+    assert progress.tqdm_class() is False

@@ -27,6 +27,7 @@ import tempfile
 
 import torch
 
+from harness import progress as report
 from harness.rollout.base import RolloutBatch, SamplingParams
 from harness.rollout.hf import completion_mask_from_ids, row_seed
 
@@ -79,7 +80,8 @@ class VLLMRollout:
         if dtype == "auto":
             dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
         kwargs = dict(model=self._dir, dtype=dtype, enforce_eager=enforce_eager, enable_prefix_caching=share_prefix,
-                      seed=0, max_model_len=max_model_len, logprobs_mode="processed_logprobs")
+                      seed=0, max_model_len=max_model_len, logprobs_mode="processed_logprobs",
+                      use_tqdm_on_load=progress and not report.plain())  # no \r bars in a redirected log
         if torch.cuda.is_available():
             kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=sleep)
         # vLLM's CPU worker runs in this process: it lowers torch to 1 thread "for serving" unless
@@ -133,7 +135,7 @@ class VLLMRollout:
             sampling.append(self._vllm.SamplingParams(  # greedy: one draw, repeated below (vLLM wants n=1)
                 n=1 if greedy else num_samples, temperature=params.temperature, top_p=1.0, top_k=-1, max_tokens=params.max_new_tokens,
                 seed=seed, logprobs=0, stop_token_ids=sorted(self.eos_ids), skip_special_tokens=True))
-        outs = self.llm.generate(requests, sampling, use_tqdm=self.progress)
+        outs = self.llm.generate(requests, sampling, use_tqdm=report.tqdm_class() if self.progress else False)
         if self.sleep_between:
             self.llm.sleep(level=1)
             self.asleep = True
