@@ -169,7 +169,7 @@ class Trainer:
         cfg, G, P, w = self.cfg, self.cfg.group_size, self.cfg.train.prompts_per_step, self.world
         rounds = self.group_filter_params.max_rounds
         kept, kept_rewards, kept_problems, t_roll, t_rew, sampled, info = [], [], [], 0.0, 0.0, 0, {}
-        kept_global = 0
+        kept_global, generated = 0, 0
         for round_ in range(rounds):
             need = P - kept_global
             share = w.shard(need)
@@ -183,6 +183,7 @@ class Trainer:
                 t0 = time.perf_counter()
                 batch = self.backend.generate([self.task.prompt(p, self.tok) for p in problems], G, sampling)
                 t1 = time.perf_counter()
+                generated += int(batch.completion_mask.sum())  # filtered groups' tokens included
                 rew = compute_rewards(
                     self.task, batch.texts, [p.gold for p in problems for _ in range(G)],
                     batch.completion_mask.sum(1), format_weight=cfg.task.format_reward,
@@ -216,7 +217,8 @@ class Trainer:
         else:  # data-parallel: every group of this rank was filtered out
             batch, rew = empty_batch(G, self.tok.pad_token_id), _empty_rewards()
         problems = [p for ps in kept_problems for p in ps]
-        info.update({"time/rollout_s": t_roll, "time/reward_s": t_rew, "train/prompts_sampled": sampled})
+        info.update({"time/rollout_s": t_roll, "time/reward_s": t_rew, "train/prompts_sampled": sampled,
+                     "perf/rollout_tokens": float(w.sum(generated))})
         return batch, rew, problems, info
 
     # ---------------------------------------------------------------------- step
@@ -276,7 +278,9 @@ class Trainer:
         self.step += 1
         if self.ref is not None and cfg.kl.ref_refresh_steps and self.step % cfg.kl.ref_refresh_steps == 0:
             self.ref.load_state_dict(self.policy.state_dict())  # sharded: shard to shard, same layout
-        self.backend.sync_weights(self.policy)
+        t0 = time.perf_counter()
+        self.backend.sync_weights(self.policy)  # into the rollout engine (vLLM); the hf backend shares the module
+        t_sync = time.perf_counter() - t0
 
         step_s = w.max(time.perf_counter() - t_start)
         grew = RewardOutput(*(w.gather_rows(getattr(rew, f)) for f in ("rewards", "correct", "formatted", "overlong")),
@@ -284,6 +288,7 @@ class Trainer:
         r = grew.rewards.view(-1, G)
         lengths = gmask.sum(1)
         n_tokens = float(gmask.sum())
+        n_trained = float(w.sum(float(batch.prompt_mask.sum()))) + n_tokens  # real prompt + completion tokens
         metrics = {
             "train/reward_mean": float(grew.rewards.mean()), "train/reward_std": float(grew.rewards.std()),
             "train/accuracy": float(grew.correct.float().mean()), "train/format_rate": float(grew.formatted.float().mean()),
@@ -297,6 +302,7 @@ class Trainer:
             "train/lr": lr, "train/kl_coef": self.kl_coef, "train/skipped_updates": float(self.skipped),
             "time/logprob_s": t_logprob, "time/old_logprob_s": t_old, "time/ref_logprob_s": t_ref,
             "time/value_s": t_logprob - t_old - t_ref, "time/update_s": t_update, "time/step_s": step_s,
+            "time/weight_sync_s": t_sync,
             "time/elapsed_s": self.elapsed_before + time.time() - self.start_time,
             "perf/tokens_per_s": n_tokens / step_s, "perf/completion_tokens": n_tokens,
             "perf/param_shard_frac": w.max(self.param_frac),
@@ -309,8 +315,9 @@ class Trainer:
         if cfg.rollout.temperature > 0:  # the sampler's log-probs against the trainer's (same on every rank)
             metrics.update(self._mismatch_metrics(batch, old, loss_mask))
         for k in ("time/logprob_s", "time/old_logprob_s", "time/ref_logprob_s", "time/value_s", "time/update_s",
-                  "time/rollout_s", "time/reward_s"):
+                  "time/rollout_s", "time/reward_s", "time/weight_sync_s"):
             metrics[k] = w.max(metrics[k])  # the slowest rank sets the step's pace
+        metrics.update(throughput(metrics, n_trained, w.world_size))
         if "train/kl" in metrics:  # the controller sets the next step's coefficient
             # n_samples: the step's completions over all ranks (grew is gathered), as one process has
             self.kl_coef = self.kl_controller(self.kl_coef, metrics["train/kl"], int(grew.rewards.numel()),
@@ -575,6 +582,30 @@ def _eval_line(m: dict, seconds: float | None = None) -> str:
     """``eval_acc 0.250 format 0.750`` (and the eval's time) for the step lines."""
     took = f" ({seconds:.1f} s)" if seconds is not None else ""
     return f"eval_acc {m.get('eval/accuracy', float('nan')):.3f} format {m.get('eval/format_rate', float('nan')):.3f}{took}"
+
+
+def throughput(m: dict, trained_tokens: float, processes: int) -> dict:
+    """A step's throughput, named and defined as xtuner's RL trainer names them (tokens per
+    process per second; per GPU on a GPU machine):
+
+    * ``perf/rollout_tgs``: completion tokens generated (filtered groups' included,
+      ``perf/rollout_tokens``) / generation time (``time/rollout_s``, the slowest rank's) / processes;
+    * ``perf/training_tgs``: tokens trained on (real prompt + completion tokens of the kept rows,
+      the prompt counted once per row) / training time (old, reference and value passes plus the
+      update: ``time/logprob_s + time/update_s``) / processes;
+    * ``perf/effective_tgs``: the same tokens / the whole step (``time/step_s``) / processes;
+    * ``perf/weight_sync_frac``: ``time/weight_sync_s`` (loading the weights into the rollout
+      engine; ~0 for the hf backend, which samples with the training module) / ``time/step_s``.
+
+    A phase that took no time gives no rate (the key is left out, never logged as 0 or inf).
+    """
+    out = {"perf/weight_sync_frac": m["time/weight_sync_s"] / m["time/step_s"]}
+    for key, tokens, seconds in (("perf/rollout_tgs", m["perf/rollout_tokens"], m["time/rollout_s"]),
+                                 ("perf/training_tgs", trained_tokens, m["time/logprob_s"] + m["time/update_s"]),
+                                 ("perf/effective_tgs", trained_tokens, m["time/step_s"])):
+        if seconds > 0:
+            out[key] = tokens / seconds / processes
+    return out
 
 
 SPLIT = (("rollout", "time/rollout_s"), ("reward", "time/reward_s"), ("log-probs", "time/logprob_s"),
