@@ -584,6 +584,12 @@ def _eval_line(m: dict, seconds: float | None = None) -> str:
     return f"eval_acc {m.get('eval/accuracy', float('nan')):.3f} format {m.get('eval/format_rate', float('nan')):.3f}{took}"
 
 
+TIMED_METRICS = ("time/", "system/", "perf/tokens_per_s", "perf/peak_mem", "perf/rollout_tgs", "perf/training_tgs",
+                 "perf/effective_tgs", "perf/weight_sync_frac")
+"""Prefixes of the metrics that measure time or memory: two runs of one config differ in these and
+agree in every other metric (the rerun, resume and kill tests compare the rest)."""
+
+
 def throughput(m: dict, trained_tokens: float, processes: int) -> dict:
     """A step's throughput, named and defined as xtuner's RL trainer names them (tokens per
     process per second; per GPU on a GPU machine):

@@ -16,10 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from harness.trainer import TIMED_METRICS
+
 ARGS = ["model=tiny", "task=arith", "train.prompts_per_step=2", "group_size=4", "rollout.max_new_tokens=10",
         "eval.size=4", "eval.every=2", "checkpoint.every=1", "rollout.progress=false", "train.threads=1",
         "train.lr=1e-3", "task.format_reward=0.5", "beta=0.1"]
-TIMED = ("time/", "perf/tokens_per_s", "perf/peak")
+TIMED = TIMED_METRICS
 
 
 def _env() -> dict:

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.trainer import TIMED_METRICS
+
 ARGS = ["model=tiny", "task=arith", "train.steps=4", "train.prompts_per_step=2", "group_size=4",
         "rollout.max_new_tokens=10", "eval.size=4", "eval.every=2", "checkpoint.every=1",
         "rollout.progress=false", "train.threads=1", "train.lr=1e-3", "task.format_reward=0.5", "beta=0.1"]
@@ -57,7 +59,7 @@ def _history(d: Path) -> dict:
     (run,) = runs
     assert run.info.status == "FINISHED", run.info.status
     return {k: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, k))
-            for k in run.data.metrics if not k.startswith(("time/", "perf/tokens_per_s", "perf/peak"))}
+            for k in run.data.metrics if not k.startswith(TIMED_METRICS)}
 
 
 def _window(d: Path) -> str:

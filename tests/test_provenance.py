@@ -7,9 +7,10 @@ import logging
 
 import pytest
 
+from harness.trainer import TIMED_METRICS
 from tests.conftest import QUICK, run_job
 
-NOT_REPRODUCIBLE = ("time/", "perf/tokens_per_s", "perf/peak_mem_gib", "system/")
+NOT_REPRODUCIBLE = TIMED_METRICS
 
 
 def _histories(client, run_id) -> dict:
