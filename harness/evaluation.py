@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from harness import progress
-from harness.algo import pass_at_k
+from harness.algo import maj_at_k, pass_at_k
 from harness.rollout import SamplingParams
 
 BY_OUTCOME = ("completion_len_correct_mean", "completion_len_incorrect_mean")
@@ -38,6 +38,12 @@ def completion_len_by_outcome(lengths, correct, prefix: str) -> dict:
     return out
 
 
+def sampled_ks(n: int) -> list[int]:
+    """The k of the grouped pass@k / maj@k logged from n samples per problem: the powers of 2 from
+    2 below n, and n (k = 1 is ``eval/mean_at_k``). E.g. n = 6: [2, 4, 6]; n = 1: [1]."""
+    return [*(2**i for i in range(1, n.bit_length()) if 2**i < n), n]
+
+
 def evaluate(task, backend, tokenizer, problems, *, max_new_tokens: int, num_samples: int = 0,
              temperature: float = 1.0, batch_size: int = 64, log_samples: int = 8, seed: int | None = None,
              first_index: int = 0, correct_out: list | None = None, lengths_out: list | None = None):
@@ -48,8 +54,10 @@ def evaluate(task, backend, tokenizer, problems, *, max_new_tokens: int, num_sam
         backend: a rollout backend (``generate``).
         problems: the fixed eval problems.
         max_new_tokens: generation budget (tokens).
-        num_samples: k > 0 also samples k completions per problem at ``temperature`` and
-            reports mean@k and unbiased pass@k (Chen et al. 2021, eq. 1).
+        num_samples: n > 0 also samples n completions per problem at ``temperature`` and
+            reports mean@n, unbiased pass@k (Chen et al. 2021, eq. 1) and maj@k
+            (:func:`harness.algo.maj_at_k`) for k = n and for each power of 2 below n
+            (:func:`sampled_ks`).
         batch_size: prompts per generate call.
         log_samples: number of (prompt, completion, reward) rows returned for the artifact table.
         seed: seeds the k samples (row ``i * k + j`` of the whole eval set), so they do not depend
@@ -64,7 +72,8 @@ def evaluate(task, backend, tokenizer, problems, *, max_new_tokens: int, num_sam
         (metrics dict with ``eval/accuracy``, ``eval/format_rate``, ``eval/completion_len_mean``,
         ``eval/completion_len_correct_mean`` / ``..._incorrect_mean`` (greedy completions; each
         left out when no completion has that outcome, :func:`completion_len_by_outcome`)[, ``eval/mean_at_k``,
-        ``eval/pass_at_k``, ``eval/num_samples``], list of sample rows).
+        ``eval/pass_at_k``, ``eval/maj_at_k`` (k = n), ``eval/pass_at_<k>`` and ``eval/maj_at_<k>``
+        for each k of :func:`sampled_ks`, ``eval/num_samples``], list of sample rows).
     """
     prompts = [task.prompt(p, tokenizer) for p in problems]
     golds = [p.gold for p in problems]
@@ -96,16 +105,24 @@ def evaluate(task, backend, tokenizer, problems, *, max_new_tokens: int, num_sam
     if num_samples > 0:
         params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
         per_prompt = max(1, batch_size // num_samples)
-        correct = []
+        correct, answers = [], []
         for s in range(0, len(prompts), per_prompt):
             if seed is not None:
                 params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
                                         row_offset=(first_index + s) * num_samples)
             out = backend.generate(prompts[s : s + per_prompt], num_samples, params)
             gs = [g for g in golds[s : s + per_prompt] for _ in range(num_samples)]
-            correct += [v.correct for v in task.score(out.texts, gs)]
+            for v in task.score(out.texts, gs):
+                correct.append(v.correct)
+                answers.append(v.extracted)
         c = torch.tensor(correct, dtype=torch.float32).view(len(problems), num_samples)
         metrics["eval/mean_at_k"] = float(c.mean())
-        metrics["eval/pass_at_k"] = sum(pass_at_k(num_samples, int(x), num_samples) for x in c.sum(1)) / n
+        per = [(answers[i * num_samples : (i + 1) * num_samples], correct[i * num_samples : (i + 1) * num_samples])
+               for i in range(len(problems))]
+        for k in sampled_ks(num_samples):
+            metrics[f"eval/pass_at_{k}"] = sum(pass_at_k(num_samples, int(x), k) for x in c.sum(1)) / n
+            metrics[f"eval/maj_at_{k}"] = sum(maj_at_k(a, v, k) for a, v in per) / n
+        metrics["eval/pass_at_k"] = metrics[f"eval/pass_at_{num_samples}"]
+        metrics["eval/maj_at_k"] = metrics[f"eval/maj_at_{num_samples}"]
         metrics["eval/num_samples"] = num_samples
     return metrics, rows

@@ -24,7 +24,7 @@ FAST = {
     "test_verifiers_steps.py", "test_verifiers_math.py", "test_verifiers_batch.py", "test_analysis_stats.py",
     "test_errors.py", "test_tasks.py", "test_health.py", "test_credentials.py", "test_update.py",
     "test_logprobs.py", "test_no_variant_names.py", "test_docs.py", "test_shared_prefix.py", "test_summary.py",
-    "test_progress.py",
+    "test_progress.py", "test_eval_metrics.py", "test_perf_metrics.py",
 }
 # single tests of slow modules that belong to the fast tier
 FAST_TESTS = {
@@ -45,6 +45,8 @@ SLOW_TESTS = {
     "test_shared_prefix.py::test_trainer_metrics_match_with_and_without_share_prefix",
     "test_health.py::test_a_truncated_run_warns_once_and_tags_the_mlflow_run",
     "test_progress.py::test_a_run_logs_the_step0_eval_each_step_split_and_phase_lines",
+    "test_perf_metrics.py::test_rates_are_the_step_token_counts_over_the_phase_times",
+    "test_perf_metrics.py::test_rollout_tokens_count_the_groups_a_filter_dropped",
 }
 BY_MODULE = {"test_distributed.py": "distributed", "test_distributed_kl.py": "distributed",
              "test_cluster.py": "servers", "test_vllm.py": "vllm"}

@@ -33,6 +33,7 @@ from .utils import (
     masked_mean,
     masked_sum,
     masked_var,
+    maj_at_k,
     masked_whiten,
     pass_at_k,
 )
@@ -57,6 +58,7 @@ __all__ = [
     "masked_whiten",
     "explained_variance",
     "pass_at_k",
+    "maj_at_k",
     "requires_groups",
     "outcome_requires_groups",
     "Registry",

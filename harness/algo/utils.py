@@ -9,6 +9,7 @@ contribute, even if ``x`` holds NaN/inf there.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 from typing import Optional, Sequence, Tuple, Union
 
 import torch
@@ -155,6 +156,71 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     for i in range(n - c + 1, n + 1):
         prod *= 1.0 - k / i
     return 1.0 - prod
+
+
+def maj_at_k(answers: Sequence[Optional[str]], correct: Sequence[bool], k: int) -> float:
+    """Unbiased maj@k from ``n`` samples of one problem: the expected correctness of the majority
+    vote over ``k`` of the samples drawn without replacement (the vote of every k-subset,
+    averaged exactly), so that maj@k for k < n does not depend on which k were kept.
+
+    Votes: samples with the same extracted answer string vote together; a sample with no answer
+    (``None``) abstains. The winner is the answer with the most votes; a tie between t answers is
+    broken uniformly at random (credit = correct answers among the tied / t); a subset in which
+    no sample answered scores 0. An answer is correct when one of its samples was judged correct
+    (the verifier's verdict; equal strings get equal verdicts unless a check timed out).
+    Answers are compared as the verifier extracted them, so two equivalent strings (``8`` and
+    ``8.0``) split their votes.
+
+    Formula: with c_a samples per answer a and x_a of them drawn (multivariate hypergeometric),
+    ``maj@k = sum_{a correct} sum_{j>=1} C(c_a, j) W_a(j) / C(n, k)``, where ``W_a(j)`` sums
+    ``prod_{b != a} C(c_b, x_b) / (1 + #{b: x_b = j})`` over the other answers' draws with every
+    ``x_b <= j`` and ``sum x_b = k - j`` (abstainers included, unconstrained), computed by dynamic
+    programming over the answers in exact integer arithmetic. k = 1 gives the fraction of samples
+    correct (mean@n); k = n the plain majority vote of all samples. Unbiased for the vote of k
+    fresh samples, as pass@k's estimator is (Chen et al. 2021).
+
+    Peer: verl (``trainer/ppo/metric_utils.py``: ``bootstrap_metric`` + ``calc_maj_val``)
+    estimates maj@k from 1000 draws of k samples *with* replacement and breaks a tie by the answer
+    seen first; this exact without-replacement average has no Monte-Carlo noise and no dependence
+    on sample order, and gives the same value at k = n when the vote has no tie.
+
+    Args:
+        answers: ``[n]`` extracted answers (None: no answer).
+        correct: ``[n]`` verdicts.
+        k: votes per subset, 1 <= k <= n.
+    Raises:
+        ValueError: ``answers`` and ``correct`` differ in length, n = 0, or k not in [1, n].
+    """
+    n = len(answers)
+    if len(correct) != n:
+        raise ValueError(f"answers ({n}) and correct ({len(correct)}) differ in length")
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= n:
+        raise ValueError(f"k must be an int in [1, n={n}], got {k!r}")
+    counts: dict[str, int] = {}
+    right: set[str] = set()
+    for a, ok in zip(answers, correct):
+        if a is None:
+            continue
+        counts[a] = counts.get(a, 0) + 1
+        if ok:
+            right.add(a)
+    abstain = n - sum(counts.values())
+    total = Fraction(0)
+    for a in right:
+        others = [c for b, c in counts.items() if b != a]
+        for j in range(1, min(counts[a], k) + 1):
+            # dp[(s, t)]: ways the other answers draw s samples, all <= j, t of them exactly j
+            dp = {(0, 0): 1}
+            for c in others:
+                nxt: dict[tuple[int, int], int] = {}
+                for (s, t), ways in dp.items():
+                    for x in range(0, min(c, j, k - j - s) + 1):
+                        key = (s + x, t + (x == j))
+                        nxt[key] = nxt.get(key, 0) + ways * math.comb(c, x)
+                dp = nxt
+            w = sum(Fraction(ways * math.comb(abstain, k - j - s), 1 + t) for (s, t), ways in dp.items())
+            total += math.comb(counts[a], j) * w
+    return float(total / math.comb(n, k))
 
 
 def explained_variance(
