@@ -41,8 +41,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from mlflow.tracking import MlflowClient
+from scipy import stats
 
 from analysis.collect import find_duplicates
+from harness.tracking import artifact_path
 
 @dataclass
 class RunRecord:
@@ -65,10 +68,6 @@ def load_sweep(uri: str, sweep: str, experiment: str = "grpo-harness") -> list[R
     Raises:
         ValueError: no such experiment or no finished run in the sweep (naming them).
     """
-    from mlflow.tracking import MlflowClient
-
-    from harness.tracking import artifact_path
-
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
@@ -203,8 +202,6 @@ def analyse(records: list[RunRecord], baseline: str = "grpo", n_boot: int = 2000
 def seeds_needed(sd: float, delta: float, alpha: float = 0.05, power: float = 0.8) -> int:
     """Smallest number of paired seeds n >= 2 with ``(t_{1-alpha/2, n-1} + t_{power, n-1}) * sd / sqrt(n) <= delta``
     (the paired t-test's power approximation with t quantiles, not z: few seeds cost more)."""
-    from scipy import stats
-
     for n in range(2, 10_000):
         if (stats.t.ppf(1 - alpha / 2, n - 1) + stats.t.ppf(power, n - 1)) * sd / math.sqrt(n) <= delta:
             return n
@@ -213,8 +210,6 @@ def seeds_needed(sd: float, delta: float, alpha: float = 0.05, power: float = 0.
 
 def min_detectable(sd: float, n: int, alpha: float = 0.05, power: float = 0.8) -> float:
     """The difference a paired t-test over ``n`` seeds detects with ``power`` at level ``alpha``."""
-    from scipy import stats
-
     return float((stats.t.ppf(1 - alpha / 2, n - 1) + stats.t.ppf(power, n - 1)) * sd / math.sqrt(n))
 
 
@@ -222,18 +217,16 @@ def _paired_t_p(d) -> float:
     d = np.asarray(d, dtype=float)
     if len(d) < 2 or np.std(d, ddof=1) == 0:
         return math.nan
-    from scipy import stats
-
     return float(stats.ttest_1samp(d, 0.0).pvalue)
 
 
 def plot(records: list[RunRecord], out_dir: Path, n_boot: int = 2000) -> list[Path]:
     """Accuracy vs step and vs wall clock: mean per estimator, bootstrap band over seeds and
     problems, every seed as a thin line."""
-    import matplotlib
+    import matplotlib  # heavy, only for plots
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # heavy, only for plots
 
     rng = np.random.default_rng(1)
     groups = _by_estimator(records)

@@ -32,9 +32,12 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import mlflow
 import pandas as pd
+from mlflow import MlflowClient
 
 from analysis import DEFAULT_EXPERIMENT, DEFAULT_OUT, DEFAULT_TRACKING_URI
+from harness.tracking import close_stale_runs
 
 HISTORY_COLUMNS = ["run_id", "key", "step", "value", "timestamp"]
 # convenience column -> (tag name, param fallback)
@@ -177,9 +180,6 @@ def collect_runs(tracking_uri: str | None = None, experiments: list[str] | None 
     None leaves them alone). Then duplicate runs of one job (:func:`find_duplicates`) are printed
     with the run they repeat and dropped into ``Collection.duplicates`` unless ``keep_duplicates``.
     """
-    import mlflow
-    from mlflow import MlflowClient
-
     uri = resolve_tracking_uri(tracking_uri)
     experiments = list(experiments or [DEFAULT_EXPERIMENT])
     empty = Collection(runs=pd.DataFrame(columns=["run_id", "status", "experiment", *CONVENIENCE]),
@@ -199,8 +199,6 @@ def collect_runs(tracking_uri: str | None = None, experiments: list[str] | None 
     if not exp_names:
         return empty
     if stale_after_hours is not None:
-        from harness.tracking import close_stale_runs
-
         running = client.search_runs(list(exp_names), "attributes.status = 'RUNNING'")
         for run_id, reason in close_stale_runs(client, running, stale_after_hours * 3600):
             _say(verbose, f"[collect] closed stale run {run_id} as KILLED: {reason}")

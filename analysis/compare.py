@@ -27,6 +27,7 @@ import pandas as pd
 from scipy import stats
 
 from analysis import DEFAULT_BY, DEFAULT_OUT
+from analysis.collect import load_collection
 from analysis.mdtable import markdown_table
 
 METRICS = ["final_eval_accuracy", "reward_auc", "peak_mem_gib", "step_time_s", "wall_time_s",
@@ -298,8 +299,6 @@ def split_cols(values) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point."""
-    from analysis.collect import load_collection
-
     parser = argparse.ArgumentParser(prog="python -m analysis.compare", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--results", default=DEFAULT_OUT, help="folder with runs.csv/history.csv (and output)")

@@ -28,6 +28,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from analysis import DEFAULT_BY, DEFAULT_OUT  # noqa: E402
+from analysis.collect import load_collection  # noqa: E402
 from analysis.compare import (_norm, paired_bootstrap_ci, per_run_metrics, split_cols, summarize,  # noqa: E402
                               variant_label)
 
@@ -260,8 +261,6 @@ def make_plots(runs: pd.DataFrame, history: pd.DataFrame, summary: pd.DataFrame 
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point."""
-    from analysis.collect import load_collection
-
     parser = argparse.ArgumentParser(prog="python -m analysis.plots", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--results", default=DEFAULT_OUT, help="folder with runs.csv/history.csv; "

@@ -22,6 +22,9 @@ import time
 import urllib.request
 from pathlib import Path
 
+import optuna
+from mlflow.tracking import MlflowClient
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -54,8 +57,6 @@ def main(argv=None) -> int:
     if not a.tracking_uri:
         print("error: give --tracking-uri or --optuna-storage", file=sys.stderr)
         return 2
-    from mlflow.tracking import MlflowClient
-
     client = MlflowClient(a.tracking_uri)
     exp = client.get_experiment_by_name(a.experiment)
     if exp is None:
@@ -104,8 +105,6 @@ def _wait(url: str, tries: int = 120) -> None:
 def optuna_shots(storage: str, study: str | None, out: Path, browser: str) -> int:
     """optuna-dashboard's study list and the study's history page (the objective's name, the
     trials' values) as PNGs in ``out``."""
-    import optuna
-
     exe = shutil.which("optuna-dashboard") or str(Path(sys.executable).parent / "optuna-dashboard")
     if not Path(exe).exists():
         print("error: optuna-dashboard is not installed (pip install optuna-dashboard)", file=sys.stderr)

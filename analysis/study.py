@@ -58,6 +58,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shlex
 import shutil
 import subprocess
@@ -68,6 +69,7 @@ from pathlib import Path
 
 import numpy as np
 import yaml
+from mlflow.tracking import MlflowClient
 from scipy import stats
 
 from analysis.ablation import RunRecord, bootstrap, load_sweep, min_detectable, per_problem, seeds_needed
@@ -265,8 +267,6 @@ def metric_history(spec: dict, rec: RunRecord, client=None) -> dict[int, float]:
     """``{step: value}`` of the study's metric in one run (eval metrics: accuracy per eval step)."""
     if spec["metric"]["summary"] in EVAL_SUMMARIES:
         return {s: float(rec.correct[i].mean()) for i, s in enumerate(rec.eval_steps)}
-    from mlflow.tracking import MlflowClient
-
     client = client or MlflowClient(store_uri(spec))
     return {m.step: m.value for m in client.get_metric_history(rec.run_id, spec["metric"]["name"])}
 
@@ -365,10 +365,10 @@ def analyse(spec: dict, records: dict, n_boot: int = 2000, seed: int = 0, client
 def plot(spec: dict, records: dict, result: dict, path: Path, client=None) -> Path:
     """Left: the primary metric vs step, every seed of every arm (thin), arm means (thick). Right:
     the per-seed paired effect, its mean and interval, and the margin or 0."""
-    import matplotlib
+    import matplotlib  # heavy, only for plots
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # heavy, only for plots
 
     scale = spec["metric"].get("scale", 1)
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [2, 1]})
@@ -468,8 +468,6 @@ def _provenance(records: dict) -> list[str]:
     recs = [r for runs in records.values() for r in runs.values()]
     if not recs:
         return []
-    from mlflow.tracking import MlflowClient
-
     return [f"git commits of the runs: {', '.join(sorted({r.params.get('git_commit', '') or '?' for r in recs}))}"]
 
 
@@ -536,8 +534,6 @@ def _secondary_lines(spec: dict, records: dict, client=None) -> list[str]:
     names = spec.get("secondary") or []
     if not names or not any(records.values()):
         return []
-    from mlflow.tracking import MlflowClient
-
     client = client or MlflowClient(store_uri(spec))
     out = ["", "## Secondary metrics (not tested)", "", "Mean over all logged steps of each run; per seed in brackets.",
            "", "| metric | " + " | ".join(spec["arms"]) + " |", "|---|" + "---|" * len(spec["arms"])]
@@ -563,8 +559,6 @@ def _annotate(spec: dict, records: dict, root: Path) -> tuple[list[str], str | N
     """Start times into the records (for run_meta); the provenance lines from the run tags, and the
     machine(s) the runs recorded (``provenance.machine.cpu`` / ``.cores`` params; None when no run
     recorded one), so that a report regenerated elsewhere still names where the runs were measured."""
-    from mlflow.tracking import MlflowClient
-
     client = MlflowClient(store_uri(spec, root))
     commits, dirty, machines = set(), set(), set()
     for runs in records.values():
@@ -635,8 +629,6 @@ def report(spec: dict, study_file: Path, root: Path = RESULTS, machine: str | No
     """Analyse the store and write the report, result.json and the index."""
     records = load_records(spec, root)
     provenance, recorded = _annotate(spec, records, root) if any(records.values()) else ([], None)
-    from mlflow.tracking import MlflowClient
-
     # no client on a study never run: opening the uri would create an empty store
     client = MlflowClient(store_uri(spec, root)) if any(records.values()) else None
     result = analyse(spec, records, client=client)
@@ -660,8 +652,6 @@ def _machine() -> str:
                      if line.startswith("model name"))
     except (OSError, StopIteration):
         model = "unknown CPU"
-    import os
-
     return f"{model} ({os.cpu_count()} cores)"
 
 

@@ -24,6 +24,9 @@ import argparse
 import tempfile
 from pathlib import Path
 
+from mlflow import MlflowClient
+from mlflow.entities import Metric, Param, RunTag
+
 GIB = 2 ** 30
 STEPS = (1, 2, 3, 4)
 EVAL_STEPS = (0, 2, 4)
@@ -38,8 +41,6 @@ def final_accuracy(est: str, g: int, seed: int) -> float:
 
 
 def _run_payload(est: str, g: int, seed: int, sweep: str | None, steps=STEPS):
-    from mlflow.entities import Metric, Param, RunTag
-
     step_s = g / 4 * (2.0 if est == "ppo" else 1.0)
     peak = (1 + g / 4) * GIB * (1.5 if est == "ppo" else 1.0)
     final_acc = final_accuracy(est, g, seed)
@@ -84,8 +85,6 @@ def _run_payload(est: str, g: int, seed: int, sweep: str | None, steps=STEPS):
 
 def build_synthetic_store(tracking_uri: str, artifact_dir: str | None = None) -> dict[str, list[str]]:
     """Populate ``tracking_uri`` with the synthetic runs; return run ids by status/experiment."""
-    from mlflow import MlflowClient
-
     client = MlflowClient(tracking_uri=tracking_uri)
     artifact_dir = artifact_dir or tempfile.mkdtemp(prefix="mlartifacts-")
     ids: dict[str, list[str]] = {"FINISHED": [], "FAILED": [], "RUNNING": [], "other": []}

@@ -14,6 +14,9 @@ from typing import Any, ClassVar, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from harness.algo import GROUP_FILTERS, LOSS_AGGREGATIONS, POLICY_LOSSES, ROLLOUT_CORRECTIONS, TOKEN_ESTIMATORS
+from harness.critic import CriticConfig  # the critic component's own node (critic.*)
+
 # ---------------------------------------------------------------------------- model
 
 
@@ -218,9 +221,6 @@ class CheckpointConfig:
     keep_final: str = "weights"
 
 
-from harness.critic import CriticConfig  # noqa: E402  (the critic component's own node)
-
-
 @dataclass
 class Config:
     """A whole run. Top-level keys are the ablation knobs named in the papers."""
@@ -263,8 +263,6 @@ def group_schemas() -> dict:
     The advantage and loss-aggregation options come from the algo registries, so a registered
     variant is selectable (``advantage=<name>``) without a yaml file.
     """
-    from harness.algo import GROUP_FILTERS, LOSS_AGGREGATIONS, POLICY_LOSSES, ROLLOUT_CORRECTIONS, TOKEN_ESTIMATORS
-
     return {"task": TASK_SCHEMAS, "advantage": dict(TOKEN_ESTIMATORS.schemas()),
             "policy_loss": dict(POLICY_LOSSES.schemas()), "loss_agg": dict(LOSS_AGGREGATIONS.schemas()),
             "group_filter": dict(GROUP_FILTERS.schemas()), "rollout": ROLLOUT_SCHEMAS,

@@ -26,6 +26,7 @@ import logging
 import os
 import re
 import warnings
+from pathlib import Path
 from urllib.parse import unquote
 
 MASK = "***"
@@ -129,8 +130,6 @@ def install() -> None:
 
 def scrub_file(path) -> bool:
     """Rewrite text file ``path`` with :func:`redact` applied; True if anything was masked."""
-    from pathlib import Path
-
     p = Path(path)
     try:
         text = p.read_text()

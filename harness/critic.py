@@ -18,7 +18,8 @@ import torch
 from harness.algo import aggregate_loss, explained_variance, value_loss
 from harness.distributed import world
 from harness.logprobs import completion_hidden
-from harness.precision import compute_dtype, upcast
+from harness.precision import autocast, compute_dtype, upcast
+from harness.update import batched_forward, global_normalizers, micro_batches
 
 
 @dataclass
@@ -94,9 +95,6 @@ class Critic:
     @torch.no_grad()
     def values(self, prompt_ids, prompt_mask, completion_ids, completion_mask, micro_batch_size: int):
         """``[B, Tc]`` values of the rollout batch, without gradients."""
-        from harness.precision import autocast
-        from harness.update import batched_forward
-
         dev = next(self.model.parameters()).device
         with autocast(self.cfg.train.precision, dev.type):
             return batched_forward(self.model, prompt_ids, prompt_mask, completion_ids, completion_mask,
@@ -112,9 +110,6 @@ class Critic:
         Data-parallel: ``batch`` is this rank's rows; the token count is the global batch's, the
         gradients are summed over ranks before clipping and the statistics are global.
         """
-        from harness.precision import autocast
-        from harness.update import global_normalizers, micro_batches
-
         c = self.cfg.critic
         norm = global_normalizers(batch.loss_mask)
         self.opt.zero_grad(set_to_none=True)

@@ -48,8 +48,11 @@ import logging
 import os
 import weakref
 from dataclasses import dataclass
+from functools import partial
 
 import torch
+
+from harness.logprobs import token_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -254,7 +257,7 @@ _ROOTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # policy -> i
 
 
 def _is_dtensor(t) -> bool:
-    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import DTensor  # lazy: torch.distributed.tensor is for FSDP2 only
 
     return isinstance(t, DTensor)
 
@@ -271,8 +274,6 @@ class _LogprobRoot(torch.nn.Module):
         self.model = model
 
     def forward(self, *args, **kwargs):
-        from harness.logprobs import token_logprobs
-
         if kwargs.get("share_prefix"):  # the same two forwards on every rank, whatever its prompts
             kwargs["share_prefix"] = "always"
         return token_logprobs(self.model, *args, **kwargs)
@@ -292,7 +293,7 @@ def shard(model: torch.nn.Module) -> torch.nn.Module:
         RuntimeError: not in a process group of more than one rank, or the model declares no
             ``_no_split_modules`` (not a transformers decoder).
     """
-    from torch.distributed.fsdp import FSDPModule, fully_shard
+    from torch.distributed.fsdp import FSDPModule, fully_shard  # lazy: FSDP2 only (train.sharding=fsdp2)
 
     if not world().distributed:
         raise RuntimeError("train.sharding=fsdp2 shards over torchrun's ranks; this process is alone")
@@ -304,7 +305,7 @@ def shard(model: torch.nn.Module) -> torch.nn.Module:
     device = next(model.parameters()).device
     mesh = None
     if device.type == "cuda":
-        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.device_mesh import init_device_mesh  # lazy: FSDP2 on CUDA only
 
         mesh = init_device_mesh("cuda", (world().world_size,))
     for m in units:
@@ -334,10 +335,6 @@ def logprob_forward(model):
     root = _ROOTS.get(model) if model is not None else None
     if root is not None:
         return root
-    from functools import partial
-
-    from harness.logprobs import token_logprobs
-
     return partial(token_logprobs, model)
 
 
@@ -350,7 +347,7 @@ def full_weights(model):
     if root is None:
         yield model
         return
-    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.fsdp import FSDPModule  # lazy: FSDP2 only (a sharded model)
 
     units = [m for m in root.modules() if isinstance(m, FSDPModule)]
     for m in units:
@@ -416,8 +413,8 @@ def full_state(model, optimizer=None) -> tuple[dict, dict | None]:
     optimizer's FQN keys are mapped back to ids in parameter order."""
     if not is_sharded(model):
         return model.state_dict(), (optimizer.state_dict() if optimizer is not None else None)
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                         get_optimizer_state_dict)
+    from torch.distributed.checkpoint.state_dict import (  # lazy: FSDP2 only (a sharded model)
+        StateDictOptions, get_model_state_dict, get_optimizer_state_dict)
 
     # cpu_offload: each full tensor is gathered straight to rank 0's CPU (the other ranks get empty
     # dicts), so a checkpoint never holds a whole model or optimizer on one GPU
@@ -443,8 +440,8 @@ def load_full_state(model, state: dict, optimizer=None, optimizer_state: dict | 
         if optimizer is not None and optimizer_state is not None:
             optimizer.load_state_dict(optimizer_state)
         return
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
-                                                         set_optimizer_state_dict)
+    from torch.distributed.checkpoint.state_dict import (  # lazy: FSDP2 only (a sharded model)
+        StateDictOptions, set_model_state_dict, set_optimizer_state_dict)
 
     opts = StateDictOptions(full_state_dict=True)
     set_model_state_dict(model, state, options=opts)

@@ -18,6 +18,7 @@ import types
 from pathlib import Path
 
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 log = logging.getLogger(__name__)
 
@@ -102,8 +103,6 @@ def embedded_model_dir() -> Path:
     target = cache_dir() / "models" / "SmolLM2-135M-Instruct"
     if (target / "config.json").exists():
         return target
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     gguf = find_embedded_gguf()
     log.info("converting %s to %s (once, ~30 s)", gguf, target)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -174,8 +173,6 @@ def load_tokenizer(name_or_path: str):
 
     If the tokenizer has no pad token, EOS is used as pad.
     """
-    from transformers import AutoTokenizer
-
     path = resolve_model_path(name_or_path)
     try:
         tok = AutoTokenizer.from_pretrained(path)
@@ -197,8 +194,6 @@ def load_causal_lm(name_or_path: str, dtype: str = "float32", device: str = "cpu
     Raises:
         ModelLoadError: unknown dtype or an unloadable model.
     """
-    from transformers import AutoModelForCausalLM
-
     if dtype not in _DTYPES:
         raise ModelLoadError(f"model.dtype={dtype!r}: expected one of {sorted(_DTYPES)}")
     path = resolve_model_path(name_or_path)

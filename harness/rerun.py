@@ -22,7 +22,14 @@ import os
 import sys
 from pathlib import Path
 
+from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
+
+from harness.config import Config, group_schemas, register_configs
+from harness.models import ModelLoadError
+from harness.run import USER_ERRORS, config_key, train
+from harness.tasks.data import DataError
+from harness.tracking import TrackingError, artifact_path, resolve_uri
 
 log = logging.getLogger("harness")
 
@@ -37,15 +44,11 @@ def recorded_run(run_id: str, uri: str):
     Raises:
         RerunError: no such run, or it has no ``config/resolved.yaml`` artifact.
     """
-    from mlflow.tracking import MlflowClient
-
     client = MlflowClient(uri)
     try:
         run = client.get_run(run_id)
     except Exception as e:
         raise RerunError(f"run id {run_id!r}: not found in the tracking store {uri!r} ({type(e).__name__})") from e
-    from harness.tracking import artifact_path
-
     try:
         path = artifact_path(client, run, "config/resolved.yaml", uri)
     except Exception as e:
@@ -60,8 +63,6 @@ def rebuild_config(resolved: dict, overrides: list[str]):
     Raises:
         RerunError: an override without ``=``, an unknown group option or key (naming it).
     """
-    from harness.config import Config, group_schemas, register_configs
-
     register_configs()
     groups = group_schemas()
     resolved = dict(resolved)
@@ -110,9 +111,6 @@ def rerun(run_id: str, overrides: list[str] = (), tracking_uri: str | None = Non
     Raises:
         RerunError: see :func:`recorded_run` and :func:`rebuild_config`.
     """
-    from harness.run import config_key, train
-    from harness.tracking import resolve_uri
-
     uri = _absolute(resolve_uri(tracking_uri))
     resolved, params, tags, name = recorded_run(run_id, uri)
     cfg = rebuild_config(resolved, list(overrides))
@@ -135,11 +133,6 @@ def main(argv=None) -> int:
     ap.add_argument("--tracking-uri", default=None, help="the store holding the run")
     ap.add_argument("--into", default=None, help="the store the rerun logs to (default: the same)")
     a = ap.parse_args(argv)
-    from harness.run import USER_ERRORS
-    from harness.models import ModelLoadError
-    from harness.tasks.data import DataError
-    from harness.tracking import TrackingError
-
     try:
         rerun(a.run_id, a.overrides, a.tracking_uri, a.into)
     except (RerunError, *USER_ERRORS, DataError, ModelLoadError, TrackingError) as e:

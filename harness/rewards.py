@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from harness.algo import kl_penalty
 from harness.verifiers import summarize
 
 
@@ -81,8 +82,6 @@ def shape_rewards(rewards: torch.Tensor, mask: torch.Tensor, old_logprobs, ref_l
     token_rewards[torch.arange(len(lengths)), last] = rewards * (lengths > 0).float()
     scores = rewards.clone().float()
     if ref_logprobs is not None and cfg.kl.placement == "reward":
-        from harness.algo import kl_penalty
-
         beta = cfg.beta if beta is None else beta
         kl_tok = kl_penalty(old_logprobs, ref_logprobs, cfg.kl.form, clamp=cfg.kl.clamp) * mask
         token_rewards = token_rewards - beta * kl_tok

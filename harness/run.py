@@ -8,23 +8,38 @@ print one clear line and exit with status 2, without a traceback.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
+import getpass
 import hashlib
 import json
 import logging
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
 
 import hydra
 import torch
+from hydra.core.hydra_config import HydraConfig
+from mlflow.entities import Metric
 from omegaconf import OmegaConf
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from harness import checkpoint as ckpt
-from harness import credentials, progress
-from harness.config import register_configs
-from harness.tracking import _read_record, shared_folder_message
+from harness import credentials, distributed, precision, progress, provenance
+from harness.algo import TOKEN_ESTIMATORS
+from harness.config import RolloutConfig, register_configs
+from harness.critic import Critic
+from harness.distributed import train_device, world
+from harness.models import ModelLoadError, dtype_of, keep_float64, load_causal_lm, load_tokenizer
+from harness.rollout import build_backend
+from harness.tasks import build_task
+from harness.tasks.data import DataError
+from harness.tracking import (NullTracker, Tracker, TrackingError, _read_record, flatten, resolve_uri,
+                              shared_folder_message)
+from harness.trainer import Trainer
 from harness.validate import ConfigError, validate
 
 log = logging.getLogger("harness")
@@ -56,11 +71,7 @@ def config_key(cfg) -> str:
 def build_policy(cfg, tokenizer):
     """The policy model: a random ``model.tiny_config`` architecture or the loaded weights, in
     ``model.dtype``, with ``model.gradient_checkpointing`` applied either way."""
-    from harness.models import dtype_of, keep_float64, load_causal_lm
-
     if cfg.model.tiny_config:
-        from transformers import AutoConfig, AutoModelForCausalLM
-
         tiny = dict(cfg.model.tiny_config)
         mc = AutoConfig.for_model(tiny.pop("model_type", "llama"), vocab_size=len(tokenizer),
                                   pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, **tiny)
@@ -72,8 +83,6 @@ def build_policy(cfg, tokenizer):
         model = load_causal_lm(cfg.model.name_or_path, cfg.model.dtype)
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
-    from harness.distributed import train_device
-
     return model.to(train_device(cfg.model.device))
 
 
@@ -86,12 +95,6 @@ def build_components(cfg):
     Raises:
         FileNotFoundError, ConfigError: missing data or model files, unknown backend.
     """
-    from harness.algo import TOKEN_ESTIMATORS
-    from harness.critic import Critic
-    from harness.models import load_tokenizer
-    from harness.rollout import build_backend
-    from harness.tasks import build_task
-
     task = build_task(cfg.task)
     progress.library_bars(cfg.rollout.progress)  # transformers' loading bars: only on a terminal
     tokenizer = load_tokenizer(cfg.model.name_or_path)
@@ -100,10 +103,6 @@ def build_components(cfg):
     critic = None
     if "values" in TOKEN_ESTIMATORS.spec(cfg.advantage.name).needs:
         critic = Critic.build(cfg, policy, lambda: build_policy(cfg, tokenizer))
-    import dataclasses
-
-    from harness.config import RolloutConfig
-
     common = {f.name for f in dataclasses.fields(RolloutConfig)}  # a backend's own keys go to it
     own = {k: v for k, v in cfg.rollout.items() if k not in common}
     backend = build_backend(cfg.rollout.backend, policy, tokenizer, batch_size=cfg.rollout.batch_size,
@@ -113,8 +112,6 @@ def build_components(cfg):
 
 def _hydra_dirs(cfg) -> tuple[Path, Path]:
     """(output dir, launch dir): Hydra's when running under ``@hydra.main``, else cwd-based."""
-    from hydra.core.hydra_config import HydraConfig
-
     if HydraConfig.initialized():
         out = Path(cfg.output_dir or HydraConfig.get().runtime.output_dir)
         return out, Path(hydra.utils.get_original_cwd())
@@ -129,8 +126,6 @@ def prepare(cfg) -> None:
     Raises:
         ConfigError: naming the first invalid key.
     """
-    from harness import distributed, precision
-
     validate(cfg)
     w = distributed.init()
     torch.manual_seed(cfg.seed)
@@ -151,8 +146,6 @@ def default_run_name(cfg) -> str:
 
 def command_line() -> str:
     """The command this process was started with, as a user would type it."""
-    import shlex
-
     head = "python -m harness.run" if sys.argv and sys.argv[0].endswith(("run.py", "harness.run")) else \
         "python " + Path(sys.argv[0]).name if sys.argv else "python"
     return " ".join([head, *(shlex.quote(a) for a in sys.argv[1:])])
@@ -161,10 +154,6 @@ def command_line() -> str:
 def _record_provenance(tracker, cfg, task, policy, rerun_of=None, recorded=None, weights_sha256=None) -> dict:
     """Provenance params, MLflow's standard source tags and the data sets as dataset inputs;
     for a rerun, a warning (and a ``rerun.differs.<key>`` tag) for each provenance difference."""
-    import getpass
-
-    from harness import provenance
-
     prov = provenance.collect(cfg, task, policy, weights_sha256=weights_sha256)
     tracker.log_params(prov)
     tags = {"mlflow.source.git.commit": prov["provenance.git.commit"], "mlflow.source.name": "harness.run",
@@ -344,8 +333,6 @@ def report_finished(cfg, tracker, state: dict, plan: dict, ckpt_dir: Path, on_ev
     run_id = plan["run_id"]
     head = "this job is already finished; nothing was trained or logged"
     if plan["status"] != "FINISHED":
-        from mlflow.entities import Metric
-
         tracker.start(run_id=run_id)
         tracker.extend([Metric(k, v, ts, st) for k, v, ts, st in state.get("pending_metrics") or []])
         tracker.set_tags({"harness.closed_by_rerun": "the final checkpoint was written; the run was not closed"})
@@ -412,11 +399,6 @@ def train(cfg, on_eval=None, on_step=None, rerun_of: str | None = None, recorded
 
 def _train(cfg, held: contextlib.ExitStack, on_eval, on_step, rerun_of, recorded) -> float:
     """:func:`train`'s body; ``held`` keeps :func:`job_lock` until the job ends."""
-    from harness import precision
-    from harness.distributed import world
-    from harness.tracking import NullTracker, Tracker, flatten, resolve_uri
-    from harness.trainer import Trainer
-
     prepare(cfg)
     w = world()
     output_dir, launch_dir = _hydra_dirs(cfg)
@@ -454,9 +436,7 @@ def _train(cfg, held: contextlib.ExitStack, on_eval, on_step, rerun_of, recorded
     task, tokenizer, policy, critic, backend = build_components(cfg)
     weights_sha256 = None
     if w.is_main and cfg.train.sharding != "none":  # hashed whole, before the Trainer shards it
-        from harness.provenance import state_dict_sha256
-
-        weights_sha256 = state_dict_sha256(policy)
+        weights_sha256 = provenance.state_dict_sha256(policy)
     trainer = Trainer(cfg, task, tokenizer, policy, backend, tracker, critic=critic, checkpoint_dir=ckpt_dir,
                       on_eval=on_eval, on_step=on_step, config_key=key)
     how = None
@@ -550,12 +530,6 @@ def summarize(history: dict, tracker, output_dir: Path, ckpt_dir: Path) -> float
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg) -> float:
-    from harness.models import ModelLoadError
-    from harness.tasks.data import DataError
-    from harness.tracking import TrackingError
-
-    from harness import distributed
-
     scrub_hydra_records()
     name = multirun_job_name(cfg)
     try:
@@ -570,8 +544,6 @@ def main(cfg) -> float:
 
 def multirun_job_name(cfg) -> str | None:
     """``#<job number> <run name>`` of a Hydra multirun job (its log lines carry it), None otherwise."""
-    from hydra.core.hydra_config import HydraConfig
-
     if not HydraConfig.initialized():
         return None
     hc = HydraConfig.get()
@@ -584,8 +556,6 @@ def scrub_hydra_records() -> None:
     """Mask credentials in the files Hydra wrote for this job (``.hydra/{config,hydra,overrides}.yaml``
     in the job's folder, ``multirun.yaml`` in the sweep folder): they hold the command line's
     overrides in clear (see :mod:`harness.credentials`)."""
-    from hydra.core.hydra_config import HydraConfig
-
     if not HydraConfig.initialized():
         return
     hc = HydraConfig.get()

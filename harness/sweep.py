@@ -65,6 +65,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import random
 import re
 import signal
 import sys
@@ -72,10 +73,28 @@ import time
 import warnings
 from pathlib import Path
 
+import optuna
+import yaml
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
+from hydra.errors import HydraException
+from mlflow.tracking import MlflowClient
+from omegaconf.errors import OmegaConfBaseException
+from optuna import TrialPruned
+from optuna.exceptions import ExperimentalWarning
+from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+from optuna.trial import TrialState
+
 from harness import progress
+from harness.config import register_configs
 from harness.credentials import install as _redact_logs
 from harness.credentials import redact, redact_obj, warn_inline
+from harness.models import ModelLoadError
+from harness.run import USER_ERRORS, config_key, train
 from harness.sweep_spec import CONF_DIR, Sweep, SweepError, TrialFailed, load_sweep
+from harness.tasks.data import DataError
+from harness.tracking import TrackingError, resolve_uri
+from harness.validate import validate
 
 log = logging.getLogger("harness.sweep")
 
@@ -111,11 +130,6 @@ def merge_overrides(*lists) -> list[str]:
 
 def compose(overrides: list[str]):
     """Compose ``conf/config.yaml`` with ``overrides`` (Hydra compose API, no app)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    from harness.config import register_configs
-
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return hydra_compose(config_name="config", overrides=list(overrides))
@@ -123,14 +137,6 @@ def compose(overrides: list[str]):
 
 def _config_errors() -> tuple:
     """Errors that would hit every trial alike: stop the sweep with a one-line message."""
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    from harness.models import ModelLoadError
-    from harness.run import USER_ERRORS
-    from harness.tasks.data import DataError
-    from harness.tracking import TrackingError
-
     return (SweepError, HydraException, OmegaConfBaseException, DataError, ModelLoadError, TrackingError,
             *USER_ERRORS)
 
@@ -141,8 +147,6 @@ def preflight(sweep: Sweep, base: list[str]) -> None:
     Raises:
         SweepError: naming the sweep file and the parameter (or ``overrides``) that fails.
     """
-    from harness.validate import validate
-
     def check(where: str, ovr: list[str]) -> None:
         try:
             validate(compose(ovr))
@@ -162,9 +166,6 @@ def preflight(sweep: Sweep, base: list[str]) -> None:
 
 def make_storage(url: str, heartbeat: dict):
     """RDBStorage with heartbeats; stale RUNNING trials are failed and retried (``max_retry``)."""
-    from optuna.exceptions import ExperimentalWarning
-    from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
-
     kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ExperimentalWarning)
@@ -181,8 +182,6 @@ SEED_STRIDE = 100_003  # sampler seed = seed * SEED_STRIDE + trials already in t
 
 
 def build_sampler(spec: dict, params: list, seed_offset: int, seed: int | None = None):
-    import optuna
-
     kw = {k: v for k, v in spec.items() if k != "type"}
     if seed is not None:
         kw["seed"] = seed
@@ -200,8 +199,6 @@ def build_sampler(spec: dict, params: list, seed_offset: int, seed: int | None =
 
 
 def build_pruner(spec: dict):
-    import optuna
-
     if spec["type"] == "none":
         return optuna.pruners.NopPruner()
     return optuna.pruners.MedianPruner(**{k: v for k, v in spec.items() if k != "type"})
@@ -215,10 +212,6 @@ def open_study(sweep: Sweep, attempts: int = 4):
     Raises:
         Exception: the storage's own error once ``attempts`` tries failed.
     """
-    import random
-
-    import optuna
-
     for attempt in range(attempts):
         try:
             study = optuna.create_study(storage=make_storage(sweep.storage, sweep.heartbeat),
@@ -238,9 +231,6 @@ def open_study(sweep: Sweep, attempts: int = 4):
 
 def _retry(study, trial_number: int) -> None:
     """Queue a WAITING copy of a FAIL trial (same params, same original number)."""
-    from optuna.exceptions import ExperimentalWarning
-    from optuna.storages import RetryHeartbeatStaleTrialCallback
-
     frozen = study._storage.get_trial(study._storage.get_trial_id_from_study_id_trial_number(
         study._study_id, trial_number))
     with warnings.catch_warnings():
@@ -253,8 +243,6 @@ def _retry(study, trial_number: int) -> None:
 
 def _mlflow_uri(cfg) -> str:
     """The tracking URI ``train`` uses (relative sqlite paths are under the launch dir)."""
-    from harness.tracking import resolve_uri
-
     uri = resolve_uri(cfg.tracking.uri)
     if uri.startswith("sqlite:///") and not Path(uri[10:]).is_absolute():
         uri = "sqlite:///" + str(Path.cwd() / uri[10:])
@@ -263,8 +251,6 @@ def _mlflow_uri(cfg) -> str:
 
 def find_run_id(cfg) -> str | None:
     """The newest MLflow run tagged ``sweep=<study>`` named ``cfg.tracking.run_name``."""
-    from mlflow.tracking import MlflowClient
-
     try:
         client = MlflowClient(_mlflow_uri(cfg))
         exp = client.get_experiment_by_name(cfg.tracking.experiment)
@@ -291,10 +277,6 @@ class Objective:
         self.current: int | None = None  # number of the trial in progress
 
     def __call__(self, trial) -> float:
-        from optuna import TrialPruned
-
-        from harness.run import config_key, train
-
         sweep = self.sweep
         self.current = trial.number
         # A retry keeps the original trial's number for its run name and checkpoint folder
@@ -354,8 +336,6 @@ def next_action(study, n_trials: int) -> str:
     study does not need; two workers that check in the same instant can still both start the
     last trial (Optuna has no atomic reservation), which adds one trial, never loses one.
     """
-    import optuna
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         optuna.storages.fail_stale_trials(study)
@@ -369,8 +349,6 @@ def next_action(study, n_trials: int) -> str:
 
 
 def _counts(study) -> dict:
-    from optuna.trial import TrialState
-
     out = {s.name.lower(): 0 for s in TrialState}
     for t in study.get_trials(deepcopy=False):
         out[t.state.name.lower()] += 1
@@ -438,8 +416,6 @@ def _worker(argv: list[str]) -> int:
 
 
 def _param_value(v: str):
-    import yaml
-
     return yaml.safe_load(v)
 
 
@@ -465,7 +441,7 @@ def launch_workers(args, argv: list[str], storage: str, seed: int) -> int:
     argvs = [[*argv, *extra, "--seed", str(seed + i)] for i in range(args.workers)]
     if args.launcher == "ray":
         try:
-            import ray
+            import ray  # optional: the [cluster] extra (--launcher ray)
         except ImportError:
             raise SweepError("--launcher ray: Ray is not installed (pip install -e \".[cluster]\")") from None
         if args.ray_address:
@@ -479,7 +455,7 @@ def launch_workers(args, argv: list[str], storage: str, seed: int) -> int:
             ray.shutdown()
     else:
         try:
-            import submitit
+            import submitit  # optional: the [cluster] extra (--launcher submitit_*)
         except ImportError:
             raise SweepError(f"--launcher {args.launcher}: submitit is not installed "
                              "(pip install -e \".[cluster]\")") from None
@@ -563,9 +539,6 @@ def _strip_launcher_args(argv: list[str]) -> list[str]:
 
 
 def run_sweep(sweep: Sweep, base: list[str], seed: int | None = None) -> int:
-    import optuna
-    from optuna.trial import TrialState
-
     try:
         study = open_study(sweep)
     except Exception as e:

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 DEFAULT_STORAGE = "sqlite:///optuna.db"
 DEFAULT_METRIC = "eval/accuracy"
@@ -113,8 +115,6 @@ def load_sweep(path: str | Path) -> Sweep:
     Raises:
         SweepError: one line naming the file and the offending key.
     """
-    import yaml
-
     p = str(path)
     try:
         raw = yaml.safe_load(Path(path).read_text())

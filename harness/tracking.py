@@ -9,11 +9,19 @@ import logging
 import math
 import os
 import socket
+import tempfile
 import time
+import urllib.parse
 import uuid
 from pathlib import Path
 
+import mlflow
+import pandas as pd
+from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunTag
+from mlflow.tracking import MlflowClient
+
 from harness.credentials import redact, redact_obj
+from harness.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +90,6 @@ def _create_sqlite_store(db: Path) -> None:
     that is renamed into place once complete, so a process killed mid-migration leaves no
     half-built store behind (a rerun would fail on ``_alembic_tmp_*`` tables). Call under
     :func:`_store_lock`; left-over temporary files of killed attempts are removed first."""
-    from mlflow.tracking import MlflowClient
-
     for old in db.parent.glob(f".{db.name}.init-*"):
         old.unlink(missing_ok=True)
     tmp = db.with_name(f".{db.name}.init-{os.getpid()}")
@@ -106,9 +112,6 @@ class Tracker:
     """
 
     def __init__(self, uri: str, experiment: str):
-        import mlflow
-        from mlflow.tracking import MlflowClient
-
         self.uri = uri
         if uri.startswith("sqlite:///"):
             db = Path(uri[len("sqlite:///"):])
@@ -208,8 +211,6 @@ class Tracker:
         rec = _read_record(record_path)
         key = {"config_key": config_key} if config_key else {}
         if not resume_id and config_key and rec and rec.get("config_key") not in (None, config_key):
-            from harness.validate import ConfigError
-
             raise ConfigError(shared_folder_message(record_path.parent, rec["config_key"], config_key))
         recorded = self._recorded_run(rec)
         how, token = "new", uuid.uuid4().hex
@@ -284,23 +285,17 @@ class Tracker:
     # ------------------------------------------------------------------ logging
     def log_params(self, params: dict) -> None:
         """Log params (values stringified, cut at MLflow's 6,000-character limit)."""
-        from mlflow.entities import Param
-
         items = [Param(redact(k), redact(str(v))[:6000]) for k, v in params.items()]
         for i in range(0, len(items), 100):
             self._call(self.client.log_batch, self.run_id, params=items[i : i + 100])
 
     def set_tags(self, tags: dict) -> None:
-        from mlflow.entities import RunTag
-
         self._call(self.client.log_batch, self.run_id,
                    tags=[RunTag(redact(k), redact(str(v))) for k, v in tags.items()])
 
     def queue(self, metrics: dict, step: int) -> None:
         """Queue finite metric values at ``step`` (sent by the next :meth:`flush`); a ``(key, step)``
         the run already holds, or already queued, is dropped (exactly once across kills)."""
-        from mlflow.entities import Metric
-
         now = int(time.time() * 1000)
         self.extend([Metric(k, float(v), now, step) for k, v in metrics.items()
                      if v is not None and math.isfinite(float(v))])
@@ -338,8 +333,6 @@ class Tracker:
             datasets: ``{"name", "digest", "source_type", "source", "context", "rows"}`` each;
                 ``context`` is ``train`` or ``eval`` (MLflow's ``mlflow.data.context`` tag).
         """
-        from mlflow.entities import Dataset, DatasetInput, InputTag
-
         inputs = [DatasetInput(Dataset(name=d["name"], digest=d["digest"][:36], source_type=d["source_type"],
                                        source=json.dumps({"uri": d["source"]}),
                                        profile=json.dumps({"num_rows": d["rows"]})),
@@ -357,7 +350,7 @@ class Tracker:
         """Sample CPU / memory / GPU use into ``system/*`` metrics every ``interval_s`` seconds
         (MLflow's ``SystemMetricsMonitor``, which needs ``psutil``; ``pynvml`` for GPUs)."""
         try:
-            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor  # optional: needs psutil
 
             self._system = SystemMetricsMonitor(self.run_id, sampling_interval=interval_s, resume_logging=True,
                                                 tracking_uri=self.uri)
@@ -370,8 +363,6 @@ class Tracker:
         self._call(self.client.log_text, self.run_id, redact(text), artifact_file)
 
     def log_table(self, rows: list[dict], artifact_file: str) -> None:
-        import pandas as pd
-
         self._call(self.client.log_table, self.run_id, pd.DataFrame(redact_obj(rows)), artifact_file)
 
     def metric_history(self, key: str) -> list[tuple[int, float]]:
@@ -407,9 +398,6 @@ def artifact_path(client, run, rel: str, uri: str) -> Path:
     Raises:
         mlflow exceptions / OSError when the artifact is nowhere.
     """
-    import tempfile
-    import urllib.parse
-
     art = urllib.parse.urlparse(run.info.artifact_uri)
     if art.scheme in ("", "file"):
         p = Path(urllib.parse.unquote(art.path)) / rel

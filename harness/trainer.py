@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Optional
 
 import torch
+from mlflow.entities import Metric
 
 from harness import checkpoint as ckpt
-from harness.algo import GROUP_FILTERS, KL_CONTROLLERS, TOKEN_ESTIMATORS, AdvantageContext
+from harness.algo import GROUP_FILTERS, KL_CONTROLLERS, TOKEN_ESTIMATORS, AdvantageContext, mismatch_stats
 from harness import distributed, progress
 from harness.distributed import full_weights, world
 from harness.evaluation import BY_OUTCOME, completion_len_by_outcome, evaluate
@@ -330,8 +331,6 @@ class Trainer:
         """``rollout/*``: how far the sampler's log-probs are from the trainer's under the same
         weights (``old`` when computed, else the first update pass's), over the loss tokens of the
         global batch (:func:`harness.algo.mismatch_stats`); empty when the backend reports none."""
-        from harness.algo import mismatch_stats
-
         w = self.world
         if batch.sampler_logprobs is None:
             local = mismatch_stats(torch.zeros(0, 1), torch.zeros(0, 1), torch.zeros(0, 1), 1.0)
@@ -572,8 +571,6 @@ class Trainer:
         miss those steps; one killed after the flush would log them twice on resume. The tracker
         drops every ``(key, step)`` the run already holds.
         """
-        from mlflow.entities import Metric
-
         self.tracker.extend([Metric(k, v, ts, st) for k, v, ts, st in pending])
         self.tracker.flush()
 
@@ -633,8 +630,6 @@ def _accumulate(total: dict, new: dict, n: int) -> None:
 
 
 def _select_rewards(rew, rows):
-    from harness.rewards import RewardOutput
-
     idx = torch.as_tensor(rows, dtype=torch.long)
     return RewardOutput(rew.rewards[idx], rew.correct[idx], rew.formatted[idx], rew.overlong[idx], rew.verifier)
 
@@ -645,8 +640,6 @@ def _empty_rewards():
 
 
 def _cat_rewards(rews):
-    from harness.rewards import RewardOutput
-
     verifier: dict = {}
     for r in rews:
         for k in ("verifier/timeouts", "verifier/errors"):

@@ -6,11 +6,20 @@ import dataclasses
 import logging
 import os
 
+import torch
+
+from harness.algo import (GROUP_FILTERS, KL_CONTROLLERS, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES,
+                          ROLLOUT_CORRECTIONS, TOKEN_ESTIMATORS, AdvantageContext, aggregate_loss, requires_groups)
+from harness.algo.kl import IMPORTANCE_CORRECTABLE
+from harness.checkpoint import KEEP_FINAL
+from harness.config import ROLLOUT_SCHEMAS, KLConfig
+from harness.critic import CriticConfig
+from harness.distributed import SHARDINGS
+from harness.errors import ConfigError  # defined there for harness.tracking; raised and re-exported here
+from harness.rollout import BACKENDS
+from harness.tasks import TASKS
+
 log = logging.getLogger(__name__)
-
-
-class ConfigError(ValueError):
-    """An invalid config value or combination; the message names the key(s)."""
 
 
 def _choice(key: str, value, valid) -> None:
@@ -49,11 +58,6 @@ def _dry_run(cfg) -> None:
     ``advantage.baseline=median``, ...) then fails here, before any model is loaded, with the
     variant's own message; the valid values are written down once, in the variant.
     """
-    import torch
-
-    from harness.algo import (GROUP_FILTERS, KL_CONTROLLERS, POLICY_LOSSES, ROLLOUT_CORRECTIONS, TOKEN_ESTIMATORS,
-                              AdvantageContext, aggregate_loss)
-
     G = max(int(cfg.group_size), 1)
     spec = TOKEN_ESTIMATORS.spec(cfg.advantage.name)
     mask = torch.ones(2 * G, 3)
@@ -82,21 +86,12 @@ def _dry_run(cfg) -> None:
 
 def validate(cfg) -> None:
     """Raise :class:`ConfigError` for unknown names, out-of-range values and bad combinations."""
-    from harness.algo import (KL_CONTROLLERS, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, TOKEN_ESTIMATORS,
-                              requires_groups)
-    from harness.config import KLConfig
-    from harness.critic import CriticConfig
-    from harness.rollout import BACKENDS
-    from harness.tasks import TASKS
-
     _choice("task", cfg.task.name, TASKS)
     _choice("advantage", cfg.advantage.name, TOKEN_ESTIMATORS.names())
     _choice("kl.form", cfg.kl.form, KL_ESTIMATORS.names())
     _choice("kl.placement", cfg.kl.placement, ["loss", "reward", "none"])
     _check(cfg.kl.clamp is None or cfg.kl.clamp > 0, f"kl.clamp={cfg.kl.clamp}: expected > 0 or null")
     if cfg.kl.importance_correct:
-        from harness.algo.kl import IMPORTANCE_CORRECTABLE
-
         _check(cfg.kl.placement == "loss", f"kl.importance_correct=true with kl.placement={cfg.kl.placement}: the "
                "correction multiplies the KL in the loss by pi_theta / pi_old (the reward's KL is taken at pi_old, "
                "where the ratio is 1); use kl.placement=loss")
@@ -110,8 +105,6 @@ def validate(cfg) -> None:
            f"top_entropy_quantile={cfg.top_entropy_quantile}: expected in (0, 1] (1 = every token)")
     _choice("loss_agg", cfg.loss_agg.name, LOSS_AGGREGATIONS.names())
     _choice("rollout.backend", cfg.rollout.backend, BACKENDS)
-    from harness.config import ROLLOUT_SCHEMAS
-
     schema = ROLLOUT_SCHEMAS.get(cfg.rollout.backend)
     _check(schema is not None and set(cfg.rollout.keys()) == {f.name for f in dataclasses.fields(schema)},
            f"rollout.backend={cfg.rollout.backend}: choose the backend with rollout={cfg.rollout.backend} "
@@ -119,8 +112,6 @@ def validate(cfg) -> None:
     # what a backend's schema declares about its keys (harness.config.VLLMRolloutConfig)
     for key, choices in getattr(schema, "CHOICES", {}).items():
         _choice(f"rollout.{key}", cfg.rollout[key], list(choices))
-    import torch
-
     gpu = torch.cuda.is_available()
     unread = list(getattr(schema, "CPU_ONLY" if gpu else "GPU_ONLY", ()))
     if unread:
@@ -141,8 +132,6 @@ def validate(cfg) -> None:
     _check(cfg.train.precision == "fp32" or cfg.model.dtype == "float32",
            f"train.precision={cfg.train.precision} with model.dtype={cfg.model.dtype}: mixed precision keeps "
            "fp32 master weights; set model.dtype=float32 (or train.precision=fp32 to train in model.dtype)")
-    from harness.distributed import SHARDINGS
-
     _choice("train.sharding", cfg.train.sharding, list(SHARDINGS))
     if cfg.train.sharding == "fsdp2":
         ranks = int(os.environ.get("WORLD_SIZE", "1"))
@@ -151,8 +140,6 @@ def validate(cfg) -> None:
         _check(getattr(schema, "SHARDABLE", True), f"train.sharding=fsdp2 with rollout={cfg.rollout.backend}: syncing "
                "sharded weights into that engine is not implemented; use rollout=hf")
     _choice("train.lr_schedule", cfg.train.lr_schedule, ["constant", "linear", "cosine"])
-    from harness.checkpoint import KEEP_FINAL
-
     _choice("checkpoint.keep_final", cfg.checkpoint.keep_final, KEEP_FINAL)
     if requires_groups(cfg.advantage.name):
         _check(cfg.group_size >= 2, f"group_size={cfg.group_size} with advantage={cfg.advantage.name}: "

@@ -104,21 +104,20 @@ def test_a_resubmitted_sweep_does_not_train_a_finished_trial_again(sweep_dir, mo
     the trial: it is FAIL and queued for a retry. The re-submitted sweep retries it in the same
     trial folder, where the job reports its finished run instead of training again: one MLflow
     run, every metric once, the retry COMPLETE with that run's final eval accuracy."""
-    import harness.run
     from mlflow.tracking import MlflowClient
     from optuna.trial import TrialState
 
-    real = harness.run.train
+    real = sw.train  # harness.run.train, imported by harness.sweep
 
     def train_then_interrupted(cfg, on_eval=None):
         real(cfg, on_eval=on_eval)
         raise KeyboardInterrupt("SIGTERM")
 
-    monkeypatch.setattr(harness.run, "train", train_then_interrupted)
+    monkeypatch.setattr(sw, "train", train_then_interrupted)
     path = _write(sweep_dir, "one.yaml", n_trials=1, study_name="one")
     assert sw.main([path, "train.threads=1"]) == 130
     assert [t.state for t in _study(sweep_dir, "one").trials] == [TrialState.FAIL, TrialState.WAITING]
-    monkeypatch.setattr(harness.run, "train", real)
+    monkeypatch.setattr(sw, "train", real)
     capsys.readouterr()
     assert sw.main([path, "train.threads=1"]) == 0
     assert "this job is already finished; nothing was trained or logged" in capsys.readouterr().out
@@ -137,7 +136,6 @@ def test_a_resubmitted_sweep_does_not_train_a_finished_trial_again(sweep_dir, mo
 
 def test_pruned_trials_count_and_metric_is_configurable(sweep_dir, monkeypatch, capsys):
     """A stub train: trials 0-1 score 1.0 at every eval, later ones 0.0 -> pruned at step 1."""
-    import harness.run
     from optuna.trial import TrialState
 
     calls = []
@@ -150,7 +148,7 @@ def test_pruned_trials_count_and_metric_is_configurable(sweep_dir, monkeypatch, 
             on_eval(step, {"eval/accuracy": value, "eval/format_rate": 1.0 - value})
         return value
 
-    monkeypatch.setattr(harness.run, "train", fake_train)
+    monkeypatch.setattr(sw, "train", fake_train)
     path = _write(sweep_dir, "prune.yaml", n_trials=3, study_name="prune",
                   pruner={"type": "median", "n_startup_trials": 2, "n_warmup_steps": 1})
     assert sw.main([path]) == 0

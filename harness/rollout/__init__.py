@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 from harness.rollout.base import RolloutBackend, RolloutBatch, SamplingParams, concat_batches, empty_batch
 
 # name -> "module:class"; a backend implements RolloutBackend (generate + sync_weights).
@@ -14,11 +16,10 @@ def build_backend(name: str, model, tokenizer, **kwargs) -> RolloutBackend:
     Raises:
         ValueError: unknown name (lists the valid ones).
     """
-    import importlib
-
     if name not in BACKENDS:
         raise ValueError(f"rollout.backend={name!r}: expected one of {sorted(BACKENDS)}")
     module, cls = BACKENDS[name].split(":")
+    # dynamic by design: a backend's module (and vllm with it) is imported only when it is chosen
     return getattr(importlib.import_module(module), cls)(model, tokenizer, **kwargs)
 
 

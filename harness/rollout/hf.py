@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from transformers import LogitsProcessorList
 
 from harness import progress
 from harness.kv import cache_kwarg, prompt_cache
@@ -160,8 +161,6 @@ class HFRollout:
         enc = self.tokenizer(rows, return_tensors="pt", padding=True, add_special_tokens=False)
         enc = {k: v.to(self.model.device) for k, v in enc.items()}
         greedy = params.temperature == 0
-        from transformers import LogitsProcessorList
-
         recorder = None if greedy else _LogprobRecorder(params.temperature)
         processors = [recorder] if recorder is not None else []
         if greedy:

@@ -28,6 +28,7 @@ import tempfile
 import torch
 
 from harness import progress as report
+from harness.models import save_pretrained_on_any_rank
 from harness.rollout.base import RolloutBatch, SamplingParams
 from harness.rollout.hf import completion_mask_from_ids, row_seed
 
@@ -62,7 +63,7 @@ class VLLMRollout:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(int(kv_cache_gib))  # read when the engine starts
         try:
-            import vllm
+            import vllm  # optional: make install-vllm (CPU) or the [vllm] extra (GPU)
         except ImportError as e:
             raise ImportError(f"rollout=vllm needs vLLM ({e}): `make install-vllm` on CPU, "
                               "`pip install -e '.[vllm]'` on a GPU machine") from e
@@ -73,8 +74,6 @@ class VLLMRollout:
         self.sleep_between = sleep
         self.asleep = False
         self._dir = tempfile.mkdtemp(prefix="harness-vllm-")
-        from harness.models import save_pretrained_on_any_rank
-
         save_pretrained_on_any_rank(model, self._dir)  # each torchrun rank builds its own engine
         tokenizer.save_pretrained(self._dir)
         if dtype == "auto":

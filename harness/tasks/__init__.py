@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 from harness.tasks.base import Problem, Task
 
 TASKS = {
@@ -17,11 +19,10 @@ def build_task(cfg) -> Task:
     Raises:
         ValueError: unknown task name (the message lists the valid names).
     """
-    import importlib
-
     if cfg.name not in TASKS:
         raise ValueError(f"task={cfg.name!r} is not a task; expected one of {sorted(TASKS)}")
     module, cls = TASKS[cfg.name].split(":")
+    # dynamic by design: the registry names each task's module, imported when the task is chosen
     return getattr(importlib.import_module(module), cls)(cfg)
 
 

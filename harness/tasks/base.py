@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from harness.provenance import file_sha256
 from harness.tasks.data import DataError
 from harness.verifiers import Verdict, parse_number, step_rewards, verify_batch
 
@@ -60,8 +61,6 @@ class Task:
     def record_source(self, split: str, source, digest: str = "") -> None:
         """Note where ``split`` came from (provenance): a path (hashed here) or a hub/generator name."""
         if isinstance(source, Path):
-            from harness.provenance import file_sha256
-
             self.sources[split] = {"source": str(source), "sha256": file_sha256(source)}
         else:
             self.sources[split] = {"source": str(source), "sha256": digest}

@@ -7,6 +7,8 @@ import logging
 import os
 from pathlib import Path
 
+import datasets
+
 log = logging.getLogger(__name__)
 
 
@@ -50,8 +52,6 @@ def load_jsonl(path: Path) -> list[dict]:
     """
     if not path.is_file():
         raise DataError(f"data file {str(path)!r} not found; expected JSON Lines at that path")
-    import datasets
-
     try:
         ds = datasets.load_dataset("json", data_files=str(path), split="train")
     except Exception as e:  # datasets wraps parse errors in several types

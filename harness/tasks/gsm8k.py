@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datasets
+
 from harness.tasks.base import Problem, Shot, Task
 from harness.tasks.data import load_jsonl, require_fields, resolve_data_dir
 
@@ -44,8 +46,6 @@ class GSM8KTask(Task):
                 rows, source = load_jsonl(path), str(path)
                 self.record_source(split, path)
             else:
-                import datasets
-
                 ds = datasets.load_dataset(cfg.hub_id, cfg.hub_config, split=split)
                 rows = ds.to_list()
                 source = f"{cfg.hub_id}[{split}]"

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import datasets
+
 from harness.tasks.base import Problem, Shot, Task
 from harness.tasks.data import load_jsonl, require_fields, resolve_data_dir
+from harness.verifiers import extract_boxed
 
 ENV_VAR = "HARNESS_MATH_DIR"
 FIELDS = ("problem", "answer")
@@ -53,10 +56,6 @@ class MathTask(Task):
         return [dict(r, _line=f"{path.name}:{n}") for r, n in zip(rows, lines)]
 
     def _hub_rows(self):
-        import datasets
-
-        from harness.verifiers import extract_boxed
-
         cfg = self.cfg
         names = datasets.get_dataset_config_names(cfg.hub_train_id)
         train = []

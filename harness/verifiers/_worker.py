@@ -20,15 +20,16 @@ from __future__ import annotations
 import json
 import logging
 import os
+import resource
 import signal
 import sys
 import time
 
+from harness.verifiers.math import answers_equivalent  # light: math_verify/sympy load at the warm-up call
+
 
 def _limit_memory() -> None:
     try:
-        import resource
-
         mb = int(os.environ.get("HARNESS_VERIFIER_MEM_MB", "3072"))
         if mb > 0:
             limit = mb * 1024 * 1024
@@ -36,15 +37,13 @@ def _limit_memory() -> None:
             if hard != resource.RLIM_INFINITY:
                 limit = min(limit, hard)
             resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
-    except (ImportError, ValueError, OSError):
+    except (ValueError, OSError):
         pass
 
 
 def _handle(req: dict) -> dict:
     op = req.get("op")
     if op == "math":
-        from harness.verifiers.math import answers_equivalent
-
         return {"ok": True, "correct": bool(answers_equivalent(req["pred"], req["gold"]))}
     if op == "sleep":
         time.sleep(float(req["seconds"]))
@@ -66,9 +65,6 @@ def main() -> None:
     logging.getLogger("math_verify").setLevel(logging.ERROR)
     logging.getLogger("latex2sympy2_extended").setLevel(logging.ERROR)
     _limit_memory()
-
-    from harness.verifiers.math import answers_equivalent
-
     answers_equivalent("\\frac{1}{2}", "0.5")  # warm-up: imports sympy/antlr, builds regexes
 
     def send(obj: dict) -> None:

@@ -285,7 +285,7 @@ def _explosive(answer: str) -> bool:
 
 def _mv_parse(answer: str) -> list:
     """math_verify parse of one answer wrapped as ``$\\boxed{...}$`` (no internal timeout)."""
-    from math_verify import LatexExtractionConfig, parse
+    from math_verify import LatexExtractionConfig, parse  # lazy: sympy; only the verifier workers load it
 
     wrapped = "$\\boxed{" + answer.replace("\n", " ") + "}$"
     return parse(
@@ -330,7 +330,7 @@ def answers_equivalent(pred: str, gold: str) -> bool:
         return True
     if _explosive(pred) or _explosive(gold):
         return False  # not equal as strings (checked above) and too large to evaluate
-    from math_verify import verify
+    from math_verify import verify  # lazy: sympy; only the verifier workers load it
 
     logging.getLogger("math_verify").setLevel(logging.ERROR)
     gold_parsed = _mv_parse(ungroup_thousands(gold))
