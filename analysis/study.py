@@ -583,7 +583,7 @@ def index(root: Path = RESULTS, studies: Path = Path("studies")) -> Path:
             "from the committed stores with `python -m analysis.study --no-run studies/*.yaml`.", "",
             "| study | claim | source | our setup | effect (CI) | verdict | power | report | regenerate |",
             "|---|---|---|---|---|---|---|---|---|"]
-    short = ["| study | claim | effect (CI) | verdict |", "|---|---|---|---|"]
+    short = ["| study | claim | budget | effect (CI) | verdict |", "|---|---|---|---|---|"]
     for f in sorted(studies.glob("*.yaml")):
         spec = load_study(f)
         res_path = study_dir(spec, root) / "result.json"
@@ -601,7 +601,8 @@ def index(root: Path = RESULTS, studies: Path = Path("studies")) -> Path:
                  f"`python -m analysis.study {f.as_posix()}`"]
         rows.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
         link = f"[{spec['name']}](results/studies/{spec['name']}.md)" if res_path.exists() else f"`{spec['name']}`"
-        short.append("| " + " | ".join(str(c).replace("|", "\\|") for c in (link, spec["claim"], eff, ver)) + " |")
+        budget = f"{len(spec['seeds'])} seeds x {spec['steps']} steps, {spec['eval_size']} eval problems"
+        short.append("| " + " | ".join(str(c).replace("|", "\\|") for c in (link, spec["claim"], budget, eff, ver)) + " |")
     out = root / "STUDIES.md"
     out.write_text("\n".join(rows) + "\n")
     readme = Path("README.md")

@@ -19,6 +19,9 @@ from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+from harness import progress
 
 log = logging.getLogger(__name__)
 
@@ -108,10 +111,12 @@ def embedded_model_dir() -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
     try:
-        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(
-            gguf.parent, gguf_file=gguf.name, dtype=torch.float32
-        )
+        # transformers draws the conversion's bar with its own tqdm: ours (plain lines in a log)
+        with progress.library_tqdm(gguf_utils):
+            tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            model = AutoModelForCausalLM.from_pretrained(
+                gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+            )
         # transformers marks GGUF-loaded models as quantized and refuses to save them;
         # the weights are already plain fp32 after dequantisation (shared/NOTES.md).
         if getattr(model, "hf_quantizer", None) is not None:

@@ -19,7 +19,9 @@ import contextlib
 import functools
 import logging
 import sys
+from unittest import mock
 
+import datasets
 from huggingface_hub import utils as hub_utils
 from tqdm.std import tqdm
 from transformers.utils import logging as transformers_logging
@@ -118,15 +120,36 @@ def plain() -> bool:
 
 
 def library_bars(enabled: bool) -> None:
-    """Show or hide the libraries' own bars (transformers' and huggingface_hub's weight loading):
-    shown only where ours are bars, i.e. ``enabled`` (``rollout.progress``) and a terminal. In a
-    redirected log their ``\r`` redraws would end up as one long line of carriage returns."""
+    """Show or hide the libraries' own bars (transformers' and huggingface_hub's weight loading,
+    datasets' "Generating train split"): shown only where ours are bars, i.e. ``enabled``
+    (``rollout.progress``) and a terminal. In a redirected log their ``\r`` redraws would end up
+    as one long line of carriage returns."""
     if enabled and not _plain():
         transformers_logging.enable_progress_bar()
         hub_utils.enable_progress_bars()
+        datasets.enable_progress_bars()
     else:
         transformers_logging.disable_progress_bar()
         hub_utils.disable_progress_bars()
+        datasets.disable_progress_bars()
+
+
+@contextlib.contextmanager
+def library_tqdm(module):
+    """Within the block, the bar that ``module`` draws with its own ``tqdm`` (one no library switch
+    reaches, e.g. transformers' "Converting and de-quantizing GGUF tensors") is ours: plain
+    :class:`LogLines` in a redirected log, tqdm on a terminal, nothing when progress is off.
+
+    Raises:
+        AttributeError: ``module`` has no module-level ``tqdm`` (the library moved it)."""
+    if not _state["enabled"]:
+        kind = functools.partial(tqdm, disable=True)
+    elif _plain():
+        kind = LogLines
+    else:
+        kind = tqdm
+    with mock.patch.object(module, "tqdm", kind):
+        yield
 
 
 def tqdm_class():

@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import shlex
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -95,8 +96,8 @@ def build_components(cfg):
     Raises:
         FileNotFoundError, ConfigError: missing data or model files, unknown backend.
     """
+    progress.library_bars(cfg.rollout.progress)  # datasets' and transformers' bars: only on a terminal
     task = build_task(cfg.task)
-    progress.library_bars(cfg.rollout.progress)  # transformers' loading bars: only on a terminal
     tokenizer = load_tokenizer(cfg.model.name_or_path)
     policy = build_policy(cfg, tokenizer)
     policy.train()
@@ -491,12 +492,27 @@ def _train(cfg, held: contextlib.ExitStack, on_eval, on_step, rerun_of, recorded
     return summarize(history, tracker, output_dir, ckpt_dir)
 
 
+def venv_command(name: str) -> str:
+    """How to call ``name`` (``python``, ``mlflow``) of this interpreter's environment from a fresh
+    shell: its path (relative to the working directory when under it, e.g. ``.venv/bin/mlflow``),
+    or the bare name when it is what the shell's PATH finds anyway or the environment lacks it."""
+    exe = Path(sys.executable)
+    path = exe if name == "python" else exe.parent / name
+    if not path.exists() or shutil.which(name) == str(path):
+        return name
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
 def next_commands(uri: str) -> list[str]:
-    """The summary's last lines: how to look at this run, and how to compare it with others."""
+    """The summary's last lines: how to look at this run, and how to compare it with others, as
+    commands that work in a new shell (the virtual environment's own ``mlflow`` and ``python``)."""
     where = f"--tracking-uri {uri}"
-    return [f"look at it    : mlflow ui --backend-store-uri {uri}   (then open http://127.0.0.1:5000)",
-            f"compare runs  : python -m analysis.report {where} [--sweep ID --a estimator=grpo --b estimator=rloo]"
-            "   (-> reports/)"]
+    return [f"look at it    : {venv_command('mlflow')} ui --backend-store-uri {uri}   (then open http://127.0.0.1:5000)",
+            f"compare runs  : {venv_command('python')} -m analysis.report {where} "
+            "[--sweep ID --a estimator=grpo --b estimator=rloo]   (-> reports/)"]
 
 
 def final_weights_line(ckpt_dir: Path) -> list[str]:

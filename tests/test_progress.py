@@ -112,23 +112,57 @@ class _Terminal(io.StringIO):
 
 
 def test_library_bars_show_only_where_ours_are_bars(plain, monkeypatch):
-    """transformers' and huggingface_hub's loading bars: hidden in a redirected log (plain lines)
-    and with rollout.progress=false, shown on a terminal."""
+    """transformers' and huggingface_hub's loading bars and datasets' split bars: hidden in a
+    redirected log (plain lines) and with rollout.progress=false, shown on a terminal."""
+    import datasets
     from huggingface_hub import utils as hub_utils
     from transformers.utils import logging as tlog
 
+    def shown() -> tuple:
+        return (tlog.is_progress_bar_enabled(), not hub_utils.are_progress_bars_disabled(),
+                datasets.is_progress_bar_enabled())
+
     try:
         progress.library_bars(True)  # plain lines: their \r redraws would land in the log
-        assert not tlog.is_progress_bar_enabled() and hub_utils.are_progress_bars_disabled()
+        assert shown() == (False, False, False)
         monkeypatch.setitem(progress._state, "plain", False)
         monkeypatch.setattr(progress.sys, "stderr", _Terminal())
         progress.library_bars(True)
-        assert tlog.is_progress_bar_enabled() and not hub_utils.are_progress_bars_disabled()
+        assert shown() == (True, True, True)
         progress.library_bars(False)
-        assert not tlog.is_progress_bar_enabled() and hub_utils.are_progress_bars_disabled()
+        assert shown() == (False, False, False)
     finally:
         tlog.enable_progress_bar()
         hub_utils.enable_progress_bars()
+        datasets.enable_progress_bars()
+
+
+def test_a_library_module_tqdm_writes_plain_lines_in_the_block_only(plain, caplog, monkeypatch):
+    """A bar a library draws with its own module-level tqdm (transformers' GGUF conversion) becomes
+    plain log lines inside progress.library_tqdm, nothing with progress off, and is the library's
+    own again after the block."""
+    import types
+
+    from tqdm.std import tqdm as std_tqdm
+
+    caplog.set_level(logging.INFO)
+    monkeypatch.setattr(progress, "INTERVAL_S", 0.0)
+    lib = types.SimpleNamespace(tqdm=std_tqdm)
+
+    def convert():  # what the library does
+        return sum(1 for _ in lib.tqdm(range(3), desc="Converting tensors"))
+
+    with progress.library_tqdm(lib):
+        assert lib.tqdm is progress.LogLines
+        assert convert() == 3
+    assert lib.tqdm is std_tqdm
+    lines = _lines(caplog)
+    assert lines and all(re.fullmatch(r"Converting tensors \d/3 it, \d+ s( \(done\))?", x) for x in lines), lines
+    caplog.clear()
+    progress.configure(False)
+    with progress.library_tqdm(lib):
+        assert convert() == 3
+    assert _lines(caplog) == []
 
 
 def test_vllm_bar_class_writes_plain_lines(plain, caplog, monkeypatch):
