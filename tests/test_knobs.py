@@ -211,6 +211,11 @@ KNOBS = {
     "policy_loss/cispo.epsilon_high": math_(0.01, "loss", *MU2),
     "policy_loss/sapo.tau_pos": math_(5.0, "loss"),
     "policy_loss/sapo.tau_neg": math_(5.0, "loss"),
+    "policy_loss/vespo.k_pos": math_(0.5, "loss", *MU2),  # on-policy phi(1) = 1: a second pass
+    "policy_loss/vespo.lambda_pos": math_(0.5, "loss", *MU2),
+    "policy_loss/vespo.k_neg": math_(0.5, "loss", *MU2),
+    # the probe's second pass (lr 0.05) leaves W far from 1: W^3 of a tiny W hides lambda; k_neg=0 shows it
+    "policy_loss/vespo.lambda_neg": math_(0.5, "loss", *MU2, "policy_loss.k_neg=0.0"),
     "policy_loss/gmpo.epsilon": math_(0.01, "loss", *MU2),
     "policy_loss/gmpo.epsilon_high": math_(0.01, "loss", *MU2),
     "policy_loss/clip_cov.epsilon": math_(0.01, "loss", *MU2),

@@ -298,7 +298,7 @@ def _agg_seq_mean(x, mask):
     return float(((x * mask).sum(1)[keep] / L[keep]).mean())
 
 
-@pytest.mark.parametrize("loss", ["ppo_clip", "gspo", "cispo", "sapo", "gmpo", "clip_cov", "kl_cov", "pg"])
+@pytest.mark.parametrize("loss", ["ppo_clip", "gspo", "cispo", "sapo", "gmpo", "clip_cov", "kl_cov", "pg", "vespo"])
 def test_every_policy_loss_runs_with_its_step1_loss(run_dir, dense_rewards, loss):
     """2 steps end to end; the step-1 loss (on-policy: ratio 1, KL 0) equals the loss's own
     formula applied by hand to the step's advantages and log-probs, and differs from what
@@ -316,7 +316,7 @@ def test_every_policy_loss_runs_with_its_step1_loss(run_dir, dense_rewards, loss
     logged = dict(history("train/loss"))[1]
     if loss in ("ppo_clip", "gspo", "gmpo", "kl_cov"):  # on-policy these equal -A
         assert logged == pytest.approx(ppo_value, rel=1e-5, abs=1e-7)
-    elif loss in ("cispo", "pg"):  # -w A log pi with w = 1 on-policy
+    elif loss in ("cispo", "pg", "vespo"):  # -w A log pi with w = 1 on-policy (vespo: phi(1) = 1)
         want = agg(-A * logp, m)
         assert logged == pytest.approx(want, rel=1e-5) and abs(want - ppo_value) > 1e-3
     elif loss == "sapo":  # -(4 / tau) sigmoid(0) A = -(2 / tau) A

@@ -28,7 +28,8 @@ def _run(name, ratios, advs, mask=None, weights=None, **params):
 
 
 def test_registry_lists_every_loss_with_params():
-    assert set(POLICY_LOSSES.names()) == {"ppo_clip", "gspo", "cispo", "sapo", "gmpo", "clip_cov", "kl_cov", "pg"}
+    assert set(POLICY_LOSSES.names()) == {"ppo_clip", "gspo", "cispo", "sapo", "gmpo", "clip_cov", "kl_cov", "pg",
+                                          "vespo"}
     for name in POLICY_LOSSES.names():
         assert POLICY_LOSSES.spec(name).params is not None
     assert POLICY_LOSSES.spec("gspo").aggregation == "seq-mean-token-mean"
@@ -103,6 +104,28 @@ def test_sapo_gate_by_hand():
     assert g[0] == pytest.approx(-1.0)  # on-policy the gate's gradient equals PPO's
     far, stats, _ = _run("sapo", [[4.0]], [[1.0]])
     assert float(stats["clip_frac"]) == 1.0  # far off-policy: the gate has decayed
+
+
+def test_vespo_gamma_weight_of_the_sequence_ratio_by_hand():
+    """phi = W^k exp(lambda (1 - W)), W the product of the row's token ratios; (k, lambda) =
+    (2, 3) for A >= 0 and (3, 2) for A < 0; L = -phi A log pi with phi detached."""
+    rows = [[1.2, 0.9], [2.0, 2.0]]
+    loss, stats, grad = _run("vespo", rows, [[1.0, 1.0], [-1.0, -1.0]])
+    w0, w1 = 1.2 * 0.9, 2.0 * 2.0
+    phi0 = w0 ** 2 * math.exp(3 * (1 - w0))
+    phi1 = w1 ** 3 * math.exp(2 * (1 - w1))
+    want = [-phi0 * math.log(1.2), -phi0 * math.log(0.9), phi1 * math.log(2.0), phi1 * math.log(2.0)]
+    assert flat(loss) == pytest.approx(want, rel=1e-12)
+    assert flat(grad) == pytest.approx([-phi0, -phi0, phi1, phi1], rel=1e-12)  # d/dlogp of -sg(phi) A logp
+    assert phi1 < 0.5 < phi0 and float(stats["clip_frac_high"]) == 0.5 and float(stats["clip_frac"]) == 0.5
+    # on-policy phi(1) = 1: the gradient is plain PG's -A; a masked token leaves W untouched
+    loss, _, grad = _run("vespo", [[1.0, 3.0]], [[2.0, 2.0]], mask=[[1.0, 0.0]])
+    assert flat(grad) == pytest.approx([-2.0, 0.0], rel=1e-14) and flat(loss) == [0.0, 0.0]
+    # the knobs act: k_pos=0, lambda_pos=1 gives phi = exp(1 - W)
+    _, _, grad = _run("vespo", [[1.2, 0.9]], [[1.0, 1.0]], k_pos=0.0, lambda_pos=1.0)
+    assert flat(grad) == pytest.approx([-math.exp(1 - w0)] * 2, rel=1e-12)
+    with pytest.raises(ValueError, match="policy_loss.lambda_neg must be > 0"):
+        _run("vespo", [[1.0]], [[1.0]], lambda_neg=0.0)
 
 
 def test_gmpo_geometric_mean_with_log_space_clip():

@@ -165,6 +165,22 @@ def test_gspo():
     assert loss == pytest.approx(sum(per_seq) / 8, rel=1e-6)
 
 
+def test_luspo():
+    """LUSPO (TRL loss_type="luspo"): GSPO's sequence ratio clipped to [1 - 2e-3, 1 + 2.5e-3], each
+    sequence's value -min(s_i A_i, clip(s_i) A_i) times its length |y_i|, then the mean over
+    sequences ((per_token_loss * mask.sum(1)).mean()); no KL."""
+    cfg, adv, loss = harness_side("luspo")
+    a = group_z(1e-6)
+    assert adv[:, 0].tolist() == pytest.approx(a, rel=1e-6)
+    per_seq = []
+    for b in range(8):
+        s = math.exp(sum(float(LOGP[b, t] - OLD[b, t]) for t in range(LENGTHS[b])) / LENGTHS[b])
+        per_seq.append(LENGTHS[b] * max(-a[b] * s, -a[b] * min(max(s, 1 - 2e-3), 1 + 2.5e-3)))
+    assert loss == pytest.approx(sum(per_seq) / 8, rel=1e-6)
+    _, _, gspo_loss = harness_side("gspo")
+    assert abs(loss - gspo_loss) > 0.1  # the length scaling acts
+
+
 def test_gpg():
     """GPG (AMAP-ML/GPG open-r1 gpg_trainer.py): A = r - mean (scale_rewards False), loss
     -A log pi summed over the batch's completion tokens / their count, divided by inverse_alpha

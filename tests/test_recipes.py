@@ -95,6 +95,13 @@ EXPECTED = {
         "loss_agg.name": "seq-mean-token-mean", "overlong.mask_truncated": False, "overlong.buffer": 0,
         "group_filter.name": "none",
     },
+    "luspo": {
+        **_COMMON,
+        "advantage.name": "grpo", "advantage.scale": "group", "policy_loss.name": "gspo",
+        "policy_loss.epsilon": 2e-3, "policy_loss.epsilon_high": 2.5e-3, "beta": 0.0,
+        "loss_agg.name": "seq-mean-token-sum", "overlong.mask_truncated": False, "overlong.buffer": 0,
+        "group_filter.name": "none",
+    },
     "gpg": {
         **_COMMON,
         "advantage.name": "gpg", "advantage.alpha": "groups", "advantage.scale": "none",

@@ -22,11 +22,13 @@ Every loss also reports ``clip_frac_low`` and ``clip_frac_high``, the sides of `
 ``r < 1 - eps_low`` with ``A < 0`` and ``high`` counts ``r > 1 + eps_high`` with ``A > 0`` (TRL's
 ``is_low_clipped`` / ``is_high_clipped``); cispo and gmpo count the weight (log-ratio) clamped
 from below / from above whatever the sign of ``A``; sapo counts its gated tokens with ``r < 1`` /
-``r > 1``; kl_cov and pg clip nothing (both 0).
+``r > 1``; vespo counts the tokens whose weight fell below 1/2 with ``W < 1`` / ``W > 1``; kl_cov
+and pg clip nothing (both 0).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
@@ -352,4 +354,65 @@ def pg(logprobs, old_logprobs, advantages, mask, p: PGParams, weights=None) -> T
     return loss, stats
 
 
-__all__ = ["POLICY_LOSSES", "ppo_clip", "gspo", "cispo", "sapo", "gmpo", "clip_cov", "kl_cov", "pg"]
+# --------------------------------------------------------------------------- VESPO
+
+
+@dataclass
+class VESPOParams:
+    """``policy_loss=vespo``: Variational Sequence-Level Soft Policy Optimization (2026)."""
+
+    name: str = "vespo"
+    k_pos: float = 2.0  # power on W for A >= 0 (TRL vespo_k_pos)
+    lambda_pos: float = 3.0  # exponential decay for A >= 0 (TRL vespo_lambda_pos)
+    k_neg: float = 3.0  # for A < 0 (TRL vespo_k_neg)
+    lambda_neg: float = 2.0  # for A < 0 (TRL vespo_lambda_neg)
+
+
+_LOG_W_MIN, _LOG_W_MAX = math.log(1e-8), 20.0  # TRL get_gamma_weights' clamps of log W
+
+
+@POLICY_LOSSES.register("vespo", params=VESPOParams, aggregation="token-mean", invariances=_LINEAR)
+def vespo(logprobs, old_logprobs, advantages, mask, p: VESPOParams, weights=None) -> Tuple[Tensor, Stats]:
+    """VESPO (arXiv 2602.10693; TRL ``loss_type="vespo"``, ``GRPOTrainer.get_gamma_weights``):
+    REINFORCE with a detached, smooth Gamma-shaped weight of the sequence importance ratio
+
+        W_i   = prod_t pi(y_it) / pi_old(y_it)          (not length-normalised, unlike GSPO)
+        phi_i = W_i^k exp(lambda (1 - W_i))             (phi(1) = 1: on-policy it is plain PG)
+        L_it  = -sg(phi_i) A_it log pi(y_it)
+
+    with ``(k, lambda) = (k_pos, lambda_pos)`` where ``A >= 0`` and ``(k_neg, lambda_neg)`` where
+    ``A < 0`` (per token, so per sequence with outcome advantages). As in TRL, each token
+    log-ratio is clamped to [-20, 20] before the sum and ``log W`` to [log 1e-8, 20]; a
+    non-finite phi becomes 0. TRL normalises by the batch's token count: ``loss_agg=token-mean``.
+
+    Differs from TRL: with a rollout correction (``weights``), TRL folds the sampler ratio into
+    ``W`` instead of multiplying the loss; here ``weights`` multiply the per-token loss as for
+    every other loss. ``clip_frac``: tokens whose weight phi fell below 1/2 (``low``: ``W < 1``,
+    ``high``: ``W > 1``).
+
+    Raises:
+        ValueError: a negative ``k`` or a ``lambda`` <= 0 (names the field).
+    """
+    for key in ("k_pos", "k_neg"):
+        if getattr(p, key) < 0:
+            raise ValueError(f"policy_loss.{key} must be >= 0, got {getattr(p, key)}")
+    for key in ("lambda_pos", "lambda_neg"):
+        if not getattr(p, key) > 0:
+            raise ValueError(f"policy_loss.{key} must be > 0, got {getattr(p, key)}")
+    adv = token_advantages(logprobs, old_logprobs, advantages, mask)
+    with torch.no_grad():
+        lr = _zero_masked(token_log_ratio(logprobs.detach(), old_logprobs, mask).clamp(-20.0, 20.0), mask)
+        log_w = lr.sum(dim=1, keepdim=True).clamp(_LOG_W_MIN, _LOG_W_MAX)  # [B, 1]
+        pos = adv >= 0
+        k = torch.where(pos, torch.full_like(adv, p.k_pos), torch.full_like(adv, p.k_neg))
+        lam = torch.where(pos, torch.full_like(adv, p.lambda_pos), torch.full_like(adv, p.lambda_neg))
+        phi = torch.exp(lam + k * log_w - lam * torch.exp(log_w)).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+    loss = _weighted(-phi * adv * logprobs, weights, mask)
+    stats = _ratio_stats(logprobs, old_logprobs, mask)
+    with torch.no_grad():
+        w = torch.exp(log_w).expand_as(adv)
+        stats.update(_sided((phi < 0.5) & (w < 1), (phi < 0.5) & (w > 1), mask))
+    return loss, stats
+
+
+__all__ = ["POLICY_LOSSES", "ppo_clip", "gspo", "cispo", "sapo", "gmpo", "clip_cov", "kl_cov", "pg", "vespo"]
