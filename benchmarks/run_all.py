@@ -37,8 +37,7 @@ import torch
 from benchmarks import trl_compare
 from harness.models import EMBEDDED_NAME, load_causal_lm, load_tokenizer
 from harness.perf import PeakMemory
-from harness.rollout import SamplingParams
-from harness.rollout.hf import HFRollout
+from harness.rollout import SamplingParams, build_backend
 from harness.sweep import compose
 from harness.update import TrainBatch, padding_waste, policy_pass
 
@@ -80,7 +79,7 @@ def rollout_rates(model, tok, prompts, num_samples, new_tokens, order=("bare", "
                                      pad_token_id=tok.pad_token_id)
             n = int((seq[:, enc["input_ids"].shape[1]:] != tok.pad_token_id).sum())
         else:
-            backend = HFRollout(model, tok, progress=False, share_prefix=name == "hf+share")
+            backend = build_backend("hf", model, tok, progress=False, share_prefix=name == "hf+share")
             n = int(backend.generate(prompts, num_samples, params).completion_mask.sum())
         out[name] = n / (time.perf_counter() - t)
     return out
@@ -232,7 +231,7 @@ def main(argv=None):
 
     write(args.out, lines)
     # 4. a real GRPO batch: shared prefix and padding waste
-    batch = HFRollout(model, tok, progress=False).generate(prompts, G, SamplingParams(0.7, 1.0, 48))
+    batch = build_backend("hf", model, tok, progress=False).generate(prompts, G, SamplingParams(0.7, 1.0, 48))
     cost = grpo_update_cost(model, batch)
     pm, cm = batch.prompt_mask, batch.completion_mask
     real = int(pm.sum() + cm.sum())

@@ -1,7 +1,9 @@
 """Structured configs (Hydra ConfigStore) for every knob of a run.
 
-Each yaml group in ``conf/`` names one of the schemas stored here, so a misspelt key fails
-at startup with Hydra's "Key 'x' not in 'Config'" error. Field names follow the field's
+The run's own nodes are declared here; the options of each config group (``task``, ``rollout``,
+``advantage``, ...) are the params dataclasses registered beside their tasks, backends and
+variants, stored from the registries (:data:`GROUPS`). A misspelt key fails at startup with
+Hydra's "Key 'x' not in 'Config'" error. Field names follow the field's
 terms: group_size, epsilon (clip), beta (KL coefficient), KL form k1/k2/k3, loss_agg
 (verl's ``loss_agg_mode`` names), GAE gamma/lam.
 """
@@ -9,13 +11,15 @@ terms: group_size, epsilon (clip), beta (KL coefficient), KL form k1/k2/k3, loss
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Optional
+from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from harness.algo import GROUP_FILTERS, LOSS_AGGREGATIONS, POLICY_LOSSES, ROLLOUT_CORRECTIONS, TOKEN_ESTIMATORS
 from harness.critic import CriticConfig  # the critic component's own node (critic.*)
+from harness.rollout import BACKENDS, RolloutConfig
+from harness.tasks import TASKS
 
 # ---------------------------------------------------------------------------- model
 
@@ -33,109 +37,8 @@ class ModelConfig:
     tiny_config: Optional[dict] = None
 
 
-# ----------------------------------------------------------------------------- task
-
-
-@dataclass
-class TaskConfig:
-    """Fields every task has. ``eval_size`` problems are drawn once with ``eval_seed``."""
-
-    name: str = MISSING
-    eval_size: Optional[int] = 50  # None = the whole test set; more than the test set holds is refused
-    eval_seed: int = 1234
-    train_size: Optional[int] = None  # cap on training problems (None = all): the stream cycles over them
-    num_shots: int = 2  # worked examples prepended as chat turns (0 = zero-shot)
-    system_prompt: Optional[str] = None
-    instruction: str = "{question}"
-    format_reward: float = 0.0  # weight of the answer-format reward component
-
-
-@dataclass
-class GSM8KTaskConfig(TaskConfig):
-    """GSM8K. Local files: task.data_dir=../shared/data/gsm8k or HARNESS_GSM8K_DIR; else the hub."""
-
-    name: str = "gsm8k"
-    eval_size: Optional[int] = 48
-    num_shots: int = 0
-    instruction: str = ("Solve the problem step by step. End your answer with a line of the form "
-                        "'#### <number>'.\n\n{question}")
-    format_reward: float = 0.5
-    data_dir: Optional[str] = "${oc.env:HARNESS_GSM8K_DIR,null}"  # train.jsonl/test.jsonl; None = hub
-    hub_id: str = "openai/gsm8k"
-    hub_config: str = "main"
-    strict: bool = False  # malformed rows: error naming file:line (True) or skip + count (False)
-
-
-@dataclass
-class MathTaskConfig(TaskConfig):
-    """MATH train / MATH-500 eval. Local files: task.data_dir or HARNESS_MATH_DIR; else the hub."""
-
-    name: str = "math"
-    eval_size: Optional[int] = 100
-    instruction: str = "Solve the problem step by step. Put the final answer in \\boxed{{}}.\n\n{question}"
-    format_reward: float = 0.2
-    data_dir: Optional[str] = "${oc.env:HARNESS_MATH_DIR,null}"  # train.jsonl/math500_test.jsonl; None = hub
-    hub_train_id: str = "EleutherAI/hendrycks_math"
-    hub_eval_id: str = "HuggingFaceH4/MATH-500"
-    levels: Optional[list] = None  # e.g. [1, 2]
-    subjects: Optional[list] = None  # e.g. [Algebra, Prealgebra]
-    verify_timeout_s: float = 5.0  # per-check deadline; a check past it scores 0 (status timeout)
-    verify_workers: int = 2  # verifier worker processes (speed only)
-    strict: bool = False  # malformed rows: error naming file:line (True) or skip + count (False)
-
-
-@dataclass
-class ArithTaskConfig(TaskConfig):
-    """Procedurally generated arithmetic word problems (no data files needed)."""
-
-    name: str = "arith"
-    eval_size: Optional[int] = 100
-    instruction: str = ("Solve the problem. Show the calculation, then end with a line of the form "
-                        "'#### <number>'.\n\n{question}")
-    digits: int = 2  # operand digits
-    num_ops: int = 1  # operations per problem
-    operators: list = field(default_factory=lambda: ["+", "-"])
-    distractors: int = 0  # irrelevant sentences with numbers
-    test_size: int = 200  # problems in the fixed test set (eval_size are drawn from it)
-    seed: int = 0
-
-
-# --------------------------------------------------------------------------- rollout
-
-
-@dataclass
-class RolloutConfig:
-    """Sampling for training rollouts (``rollout=hf``). ``batch_size``: sequences per ``generate`` call (0 = all)."""
-
-    backend: str = "hf"
-    temperature: float = 1.0
-    top_p: float = 1.0  # only 1.0: the trainer scores the full softmax (harness.validate says why)
-    max_new_tokens: int = 128
-    batch_size: int = 0
-    progress: bool = True
-    share_prefix: bool = True  # prefill each distinct prompt once, copy its KV cache to the group
-
-
-@dataclass
-class VLLMRolloutConfig(RolloutConfig):
-    """``rollout=vllm``: an in-process vLLM engine (:class:`harness.rollout.vllm.VLLMRollout`;
-    ``share_prefix`` is vLLM's prefix caching, ``batch_size`` must stay 0)."""
-
-    # what validate reads about these keys (class attributes, not config keys)
-    CHOICES: ClassVar[dict] = {"dtype": ("auto", "float32", "bfloat16", "float16")}
-    GPU_ONLY: ClassVar[tuple] = ("gpu_memory_utilization", "sleep")  # refused when changed on a CPU machine
-    CPU_ONLY: ClassVar[tuple] = ("kv_cache_gib",)  # refused when changed on a GPU machine
-    OWN_BATCHES: ClassVar[bool] = True  # the engine schedules its batches: rollout.batch_size must stay 0
-    SHARDABLE: ClassVar[bool] = False  # its weights are a copy: syncing FSDP2 shards into it is not written
-    NO_FLOAT64: ClassVar[bool] = True  # vLLM's engines have no float64 kernels: model.dtype=float64 is refused
-
-    backend: str = "vllm"
-    dtype: str = "auto"  # engine dtype; auto = the policy's
-    gpu_memory_utilization: float = 0.3  # GPU only: fraction for weights + KV cache
-    kv_cache_gib: int = 4  # CPU only: KV cache size in whole GiB (sets VLLM_CPU_KVCACHE_SPACE)
-    max_model_len: int = 2048  # prompt + completion tokens per sequence
-    enforce_eager: bool = True  # no CUDA graphs (faster start); false for faster decode on GPU
-    sleep: bool = False  # GPU only: free the engine's memory while the trainer runs (sleep mode)
+# The options of the ``task`` and ``rollout`` groups are the params dataclasses registered beside
+# each task (harness/tasks/) and rollout backend (harness/rollout/); ``group_schemas`` reads them.
 
 
 # ------------------------------------------------------------------------ algorithm
@@ -225,7 +128,7 @@ class CheckpointConfig:
 class Config:
     """A whole run. Top-level keys are the ablation knobs named in the papers."""
 
-    task: Any = MISSING
+    task: Any = MISSING  # a TASKS params node: task=gsm8k, math, arith
     model: ModelConfig = field(default_factory=ModelConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     advantage: Any = MISSING
@@ -253,33 +156,30 @@ class Config:
     output_dir: Optional[str] = None  # None = Hydra's job output dir
 
 
-TASK_SCHEMAS = {"gsm8k": GSM8KTaskConfig, "math": MathTaskConfig, "arith": ArithTaskConfig}
-ROLLOUT_SCHEMAS = {"hf": RolloutConfig, "vllm": VLLMRolloutConfig}
+# config group -> the registry whose params dataclasses are its options
+GROUPS = {"task": TASKS, "advantage": TOKEN_ESTIMATORS, "policy_loss": POLICY_LOSSES, "loss_agg": LOSS_AGGREGATIONS,
+          "group_filter": GROUP_FILTERS, "rollout": BACKENDS, "rollout_correction": ROLLOUT_CORRECTIONS}
 
 
 def group_schemas() -> dict:
     """``{group: {option: dataclass}}`` for every config group whose options are schemas.
 
-    The advantage and loss-aggregation options come from the algo registries, so a registered
-    variant is selectable (``advantage=<name>``) without a yaml file.
+    Every option comes from a registry (:data:`GROUPS`), so a registered task, backend or
+    variant is selectable (``task=<name>``, ``advantage=<name>``) without a yaml file.
     """
-    return {"task": TASK_SCHEMAS, "advantage": dict(TOKEN_ESTIMATORS.schemas()),
-            "policy_loss": dict(POLICY_LOSSES.schemas()), "loss_agg": dict(LOSS_AGGREGATIONS.schemas()),
-            "group_filter": dict(GROUP_FILTERS.schemas()), "rollout": ROLLOUT_SCHEMAS,
-            "rollout_correction": dict(ROLLOUT_CORRECTIONS.schemas())}
+    return {group: dict(registry.schemas()) for group, registry in GROUPS.items()}
 
 
 def register_configs() -> None:
     """Store every schema in Hydra's ConfigStore.
 
-    ``config_schema`` is the root; each option of the ``task``, ``advantage``, ``policy_loss``,
-    ``loss_agg``, ``group_filter`` and ``rollout`` groups is stored under its own name, so ``advantage=rloo`` selects the RLOO
-    params node directly (its defaults are the dataclass's). ``model/model_schema`` is the base of
-    the model presets in ``conf/model/``.
+    ``config_schema`` is the root; each option of the groups in :data:`GROUPS` is stored under its
+    own name, so ``advantage=rloo`` selects the RLOO params node directly (its defaults are the
+    dataclass's). The model presets in ``conf/model/`` are merged into the root's ``model`` node
+    (:class:`ModelConfig`), which checks their keys.
     """
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)
     for group, options in group_schemas().items():
         for name, node in options.items():
             cs.store(group=group, name=name, node=node)
-    cs.store(group="model", name="model_schema", node=ModelConfig)

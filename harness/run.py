@@ -8,7 +8,6 @@ print one clear line and exit with status 2, without a traceback.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import fcntl
 import getpass
 import hashlib
@@ -31,7 +30,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from harness import checkpoint as ckpt
 from harness import credentials, distributed, precision, progress, provenance
 from harness.algo import TOKEN_ESTIMATORS
-from harness.config import RolloutConfig, register_configs
+from harness.config import register_configs
 from harness.critic import Critic
 from harness.distributed import train_device, world
 from harness.models import ModelLoadError, dtype_of, keep_float64, load_causal_lm, load_tokenizer
@@ -104,10 +103,7 @@ def build_components(cfg):
     critic = None
     if "values" in TOKEN_ESTIMATORS.spec(cfg.advantage.name).needs:
         critic = Critic.build(cfg, policy, lambda: build_policy(cfg, tokenizer))
-    common = {f.name for f in dataclasses.fields(RolloutConfig)}  # a backend's own keys go to it
-    own = {k: v for k, v in cfg.rollout.items() if k not in common}
-    backend = build_backend(cfg.rollout.backend, policy, tokenizer, batch_size=cfg.rollout.batch_size,
-                            progress=cfg.rollout.progress, share_prefix=cfg.rollout.share_prefix, **own)
+    backend = build_backend(cfg.rollout.backend, policy, tokenizer, **cfg.rollout)  # the whole rollout node
     return task, tokenizer, policy, critic, backend
 
 

@@ -12,7 +12,7 @@ from harness.algo import (GROUP_FILTERS, KL_CONTROLLERS, KL_ESTIMATORS, LOSS_AGG
                           ROLLOUT_CORRECTIONS, TOKEN_ESTIMATORS, AdvantageContext, aggregate_loss, requires_groups)
 from harness.algo.kl import IMPORTANCE_CORRECTABLE
 from harness.checkpoint import KEEP_FINAL
-from harness.config import ROLLOUT_SCHEMAS, KLConfig
+from harness.config import KLConfig
 from harness.critic import CriticConfig
 from harness.distributed import SHARDINGS
 from harness.errors import ConfigError  # defined there for harness.tracking; raised and re-exported here
@@ -105,11 +105,11 @@ def validate(cfg) -> None:
            f"top_entropy_quantile={cfg.top_entropy_quantile}: expected in (0, 1] (1 = every token)")
     _choice("loss_agg", cfg.loss_agg.name, LOSS_AGGREGATIONS.names())
     _choice("rollout.backend", cfg.rollout.backend, BACKENDS)
-    schema = ROLLOUT_SCHEMAS.get(cfg.rollout.backend)
+    schema = BACKENDS.spec(cfg.rollout.backend).params
     _check(schema is not None and set(cfg.rollout.keys()) == {f.name for f in dataclasses.fields(schema)},
            f"rollout.backend={cfg.rollout.backend}: choose the backend with rollout={cfg.rollout.backend} "
            "(the option brings its own keys), not by setting rollout.backend")
-    # what a backend's schema declares about its keys (harness.config.VLLMRolloutConfig)
+    # what a backend's schema declares about its keys (harness.rollout.vllm.VLLMRolloutConfig)
     for key, choices in getattr(schema, "CHOICES", {}).items():
         _choice(f"rollout.{key}", cfg.rollout[key], list(choices))
     gpu = torch.cuda.is_available()

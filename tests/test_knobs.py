@@ -32,6 +32,7 @@ import pytest
 import torch
 from hydra.errors import HydraException
 
+from harness.tasks import TASKS
 from harness.validate import ConfigError, validate
 from tests.conftest import compose
 from tests.knob_probe import BASE, adamw_noise_ok, diff, metric, probe, same
@@ -68,6 +69,20 @@ def book(why):
 
 def refused(value, needle):
     return Knob("refused", str(value), needle)
+
+
+def _common_task_rows(params: type) -> dict:
+    """The rows of :class:`harness.tasks.TaskConfig`'s fields for a task whose params are ``params``."""
+    shots = {f.name: f.default for f in dataclasses.fields(params)}["num_shots"]
+    return {
+        "eval_size": math_(7, "eval"),
+        "eval_seed": math_(7, "eval"),
+        "train_size": math_(1, "prompts"),
+        "num_shots": math_(1 if shots == 0 else 0, "prompts"),
+        "system_prompt": math_("'Be brief.'", "prompts"),
+        "instruction": math_("'Q: {question}'", "prompts"),
+        "format_reward": math_(0.3, "rewards"),
+    }
 
 
 KNOBS = {
@@ -234,15 +249,9 @@ KNOBS = {
     "loss_agg/seq-mean-token-sum-norm.count_masked_rows": math_("true", "loss", "overlong.mask_truncated=true"),
     # ---------------------------------------------------------------- tasks
     "task": math_("gsm8k", "prompts"),
-    **{f"task/{t}.{k}": v for t in ("arith", "gsm8k", "math") for k, v in {
-        "eval_size": math_(7, "eval"),
-        "eval_seed": math_(7, "eval"),
-        "train_size": math_(1, "prompts"),
-        "num_shots": math_(1 if t == "gsm8k" else 0, "prompts"),
-        "system_prompt": math_("'Be brief.'", "prompts"),
-        "instruction": math_("'Q: {question}'", "prompts"),
-        "format_reward": math_(0.3, "rewards"),
-    }.items()},
+    # the fields every task has, for every registered task (a new task is covered without an edit here)
+    **{f"task/{t}.{k}": v for t, params in TASKS.schemas().items() for k, v in _common_task_rows(params).items()},
+    # each task's own fields
     "task/arith.digits": math_(1, "prompts"),
     "task/arith.num_ops": math_(2, "prompts"),
     "task/arith.operators": math_("[*]", "prompts"),

@@ -7,8 +7,7 @@ import torch
 
 from harness.algo import compute_advantages
 from harness.logprobs import token_logprobs
-from harness.rollout import SamplingParams
-from harness.rollout.hf import HFRollout
+from harness.rollout import SamplingParams, build_backend
 from harness.update import TrainBatch, policy_pass
 from tests.conftest import compose, tiny_llama
 
@@ -18,7 +17,8 @@ from tests.conftest import compose, tiny_llama
 def test_update_raises_logprob_of_high_advantage_completions(tokenizer, estimator, agg):
     torch.manual_seed(0)
     model = tiny_llama(tokenizer)
-    b = HFRollout(model, tokenizer, progress=False).generate(["Write something"] * 4, 8, SamplingParams(1.0, 1.0, 8))
+    b = build_backend("hf", model, tokenizer, progress=False).generate(["Write something"] * 4, 8,
+                                                                     SamplingParams(1.0, 1.0, 8))
     reward = torch.tensor([t.count("e") / max(len(t), 1) for t in b.texts])  # any dense reward
     adv = compute_advantages(reward.view(4, 8), estimator).view(-1, 1) * b.completion_mask
     s = compose("policy_loss.epsilon=0.2", "beta=0.0", f"loss_agg={agg}", "rollout.max_new_tokens=8", "rollout.temperature=1.0",

@@ -75,11 +75,11 @@ def test_completion_mask_stops_after_first_eos():
 def test_sampled_tokens_have_training_logprobs_of_generate(tokenizer):
     """Sampling scores from generate (temperature 0.8) equal our training log-probs: ratio 1."""
     from harness.rollout import SamplingParams
-    from harness.rollout.hf import HFRollout
+    from harness.rollout import build_backend
 
     model = tiny_llama(tokenizer).eval()
     torch.manual_seed(0)
-    backend = HFRollout(model, tokenizer, progress=False)
+    backend = build_backend("hf", model, tokenizer, progress=False)
     prompts = ["Ana has 3 apples.", "A much longer prompt about Ben who has 45 marbles and more."]
     batch = backend.generate(prompts, 2, SamplingParams(temperature=0.8, max_new_tokens=6))
     assert batch.completion_ids.shape[0] == 4

@@ -167,7 +167,7 @@ def test_trainer_metrics_match_with_and_without_share_prefix(run_dir, monkeypatc
 def test_rollout_shared_prefill_same_greedy_completions_and_prefills_once(tokenizer):
     """The hf backend prefills each distinct prompt once; greedy output is unchanged."""
     from harness.rollout import SamplingParams
-    from harness.rollout.hf import HFRollout
+    from harness.rollout import build_backend
 
     model = tiny_llama(tokenizer, initializer_range=0.5)  # large weights: varied greedy tokens
     prompts = ["What is 2+3? Answer:", "Compute 17 times 3, please. Answer:", "Hi"]
@@ -177,7 +177,7 @@ def test_rollout_shared_prefill_same_greedy_completions_and_prefills_once(tokeni
     out = {}
     for share in (False, True):
         widths.clear()
-        out[share] = HFRollout(model, tokenizer, progress=False, share_prefix=share).generate(
+        out[share] = build_backend("hf", model, tokenizer, progress=False, share_prefix=share).generate(
             prompts, 4, SamplingParams(0.0, 1.0, 12))
         out[share, "first"] = widths[0]
     hook.remove()

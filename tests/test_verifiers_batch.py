@@ -29,8 +29,10 @@ def test_unknown_kind_lists_valid_names():
 def test_length_mismatch_and_bad_args():
     with pytest.raises(ValueError):
         verify_batch("math", ["a", "b"], ["a"])
-    with pytest.raises(ValueError):
-        verify_batch("gsm8k", ["a"], ["a"], timeout_s=0)
+    with pytest.raises(ValueError, match="timeout_s must be > 0"):
+        verify_batch("math", ["a"], ["a"], timeout_s=0)
+    with pytest.raises(ValueError, match=r"unknown parameter\(s\) \['timeout_s'\] for 'gsm8k'"):
+        verify_batch("gsm8k", ["a"], ["a"], timeout_s=5)  # a deadline the inline kind would ignore
     assert verify_batch("math", [], []) == []
 
 

@@ -122,7 +122,8 @@ def test_injection_strings_are_never_executed(tmp_path, monkeypatch):
     completions = [s.replace("{p}", "pwned") for s in INJECTIONS]
     assert not any(ch.isdigit() for c in completions for ch in c.replace("= 5", ""))
     for kind in ("math", "gsm8k"):
-        verdicts = verify_batch(kind, completions, ["0"] * len(completions), timeout_s=5.0)
+        bounds = {"timeout_s": 5.0} if kind == "math" else {}  # the inline kinds take no deadline
+        verdicts = verify_batch(kind, completions, ["0"] * len(completions), **bounds)
         assert not any(v.correct for v in verdicts)
         assert all(v.status in ("ok", "error") for v in verdicts)
     from harness.verifiers import safe_eval, step_rewards

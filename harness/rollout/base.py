@@ -4,6 +4,10 @@ A backend only generates; it never computes rewards or losses. ``hf`` (transform
 ``generate`` on the policy module) and ``vllm`` (an in-process vLLM engine) implement the same
 two methods; vLLM receives the policy's weights through :meth:`RolloutBackend.sync_weights`
 after each update.
+
+A backend is a class registered in :data:`BACKENDS` with its params (:class:`RolloutConfig` or a
+subclass, the ``rollout=<name>`` config node), built as ``cls(model, tokenizer, params)``. Adding
+one is a module in this package and a test.
 """
 
 from __future__ import annotations
@@ -12,6 +16,27 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+
+from harness.registry import Registry
+
+# name -> backend class, with its RolloutConfig (sub)class as params; ``rollout=<name>`` picks one
+BACKENDS: Registry = Registry("rollout backend", name_field="backend")
+
+
+@dataclass
+class RolloutConfig:
+    """Sampling for training rollouts (``rollout=hf``). ``batch_size``: sequences per ``generate`` call (0 = all).
+
+    The fields every backend has; a backend with keys of its own subclasses it.
+    """
+
+    backend: str = "hf"
+    temperature: float = 1.0
+    top_p: float = 1.0  # only 1.0: the trainer scores the full softmax (harness.validate says why)
+    max_new_tokens: int = 128
+    batch_size: int = 0
+    progress: bool = True
+    share_prefix: bool = True  # prefill each distinct prompt once, copy its KV cache to the group
 
 
 @dataclass
@@ -25,9 +50,9 @@ class SamplingParams:
     in a larger logical batch that the caller splits into several calls (evaluation does).
     """
 
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_new_tokens: int = 128
+    temperature: float = RolloutConfig.temperature  # the defaults are the rollout config's
+    top_p: float = RolloutConfig.top_p
+    max_new_tokens: int = RolloutConfig.max_new_tokens
     seed: int | None = None
     row_offset: int = 0
 

@@ -7,7 +7,7 @@ from transformers import LogitsProcessorList
 
 from harness import progress
 from harness.kv import cache_kwarg, prompt_cache
-from harness.rollout.base import RolloutBatch, SamplingParams, concat_batches
+from harness.rollout.base import BACKENDS, RolloutBatch, RolloutConfig, SamplingParams, concat_batches
 
 
 def completion_mask_from_ids(completion_ids: torch.Tensor, eos_ids: set[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -95,22 +95,24 @@ class _SeededSampler:
         return scores.float() / self.temperature - noise.log()
 
 
+@BACKENDS.register("hf", params=RolloutConfig)
 class HFRollout:
     """``generate``-based backend: all prompts x G samples per call, in chunks of ``batch_size``.
 
     Args:
         model: the policy (``PreTrainedModel``); generation runs under ``no_grad``.
         tokenizer: left-padding tokenizer with a pad token.
-        batch_size: sequences per ``generate`` call; 0 = everything in one call.
-        progress: show a tqdm bar over chunks.
-        share_prefix: prefill each distinct prompt once and copy its KV cache to the rows that
-            repeat it (a GRPO group repeats its prompt G times), instead of prefilling every row.
-            Sampling is unchanged; only float rounding of the prompt's keys/values can differ.
+        params: the ``rollout`` node; read here: ``batch_size`` (sequences per ``generate`` call;
+            0 = everything in one call), ``progress`` (a tqdm bar over chunks) and ``share_prefix``
+            (prefill each distinct prompt once and copy its KV cache to the rows that repeat it, as
+            a GRPO group repeats its prompt G times, instead of prefilling every row; sampling is
+            unchanged, only float rounding of the prompt's keys/values can differ). The sampling
+            keys reach :meth:`generate` as :class:`SamplingParams`.
     """
 
-    def __init__(self, model, tokenizer, batch_size: int = 0, progress: bool = True, share_prefix: bool = True):
+    def __init__(self, model, tokenizer, params: RolloutConfig):
         self.model, self.tokenizer = model, tokenizer
-        self.batch_size, self.progress, self.share_prefix = batch_size, progress, share_prefix
+        self.batch_size, self.progress, self.share_prefix = params.batch_size, params.progress, params.share_prefix
         eos = model.generation_config.eos_token_id if model.generation_config else None
         eos = eos if isinstance(eos, (list, tuple)) else [eos]
         self.eos_ids = {e for e in [*eos, tokenizer.eos_token_id] if e is not None}

@@ -24,39 +24,65 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
 from harness import progress as report
 from harness.models import save_pretrained_on_any_rank
-from harness.rollout.base import RolloutBatch, SamplingParams
+from harness.rollout.base import BACKENDS, RolloutBatch, RolloutConfig, SamplingParams
 from harness.rollout.hf import completion_mask_from_ids, row_seed
 
 
+@dataclass
+class VLLMRolloutConfig(RolloutConfig):
+    """``rollout=vllm``: an in-process vLLM engine (:class:`harness.rollout.vllm.VLLMRollout`;
+    ``share_prefix`` is vLLM's prefix caching, ``batch_size`` must stay 0)."""
+
+    # what validate reads about these keys (class attributes, not config keys)
+    CHOICES: ClassVar[dict] = {"dtype": ("auto", "float32", "bfloat16", "float16")}
+    GPU_ONLY: ClassVar[tuple] = ("gpu_memory_utilization", "sleep")  # refused when changed on a CPU machine
+    CPU_ONLY: ClassVar[tuple] = ("kv_cache_gib",)  # refused when changed on a GPU machine
+    OWN_BATCHES: ClassVar[bool] = True  # the engine schedules its batches: rollout.batch_size must stay 0
+    SHARDABLE: ClassVar[bool] = False  # its weights are a copy: syncing FSDP2 shards into it is not written
+    NO_FLOAT64: ClassVar[bool] = True  # vLLM's engines have no float64 kernels: model.dtype=float64 is refused
+
+    backend: str = "vllm"
+    dtype: str = "auto"  # engine dtype; auto = the policy's
+    gpu_memory_utilization: float = 0.3  # GPU only: fraction for weights + KV cache
+    kv_cache_gib: int = 4  # CPU only: KV cache size in whole GiB (sets VLLM_CPU_KVCACHE_SPACE)
+    max_model_len: int = 2048  # prompt + completion tokens per sequence
+    enforce_eager: bool = True  # no CUDA graphs (faster start); false for faster decode on GPU
+    sleep: bool = False  # GPU only: free the engine's memory while the trainer runs (sleep mode)
+
+
+@BACKENDS.register("vllm", params=VLLMRolloutConfig)
 class VLLMRollout:
     """``vllm.LLM``-based backend: one request per prompt with ``n = num_samples``.
 
     Args:
         model: the policy (``PreTrainedModel``); its weights seed the engine.
         tokenizer: the policy's tokenizer (left padding, a pad token).
-        batch_size: must be 0: vLLM schedules its own batches (``max_num_seqs``).
-        progress: vLLM's progress bar.
-        share_prefix: vLLM's automatic prefix caching (a group's G samples share one prompt).
-        dtype: engine dtype (``auto``: the policy's dtype).
-        gpu_memory_utilization: GPU fraction the engine may take (weights + KV cache), GPU only.
-        kv_cache_gib: KV cache size on CPU in whole GiB (sets ``VLLM_CPU_KVCACHE_SPACE``), CPU only.
-        max_model_len: prompt + completion tokens per sequence the engine allows.
-        enforce_eager: no CUDA graphs / compilation (faster start, slower decode on GPU).
-        sleep: free the engine's GPU memory between rollouts (vLLM sleep mode, level 1) while
-            the trainer runs; GPU only.
+        params: the ``rollout`` node (:class:`VLLMRolloutConfig`); read here:
+            ``batch_size`` (must be 0: vLLM schedules its own batches, ``max_num_seqs``),
+            ``progress`` (vLLM's progress bar), ``share_prefix`` (vLLM's automatic prefix caching:
+            a group's G samples share one prompt), ``dtype`` (engine dtype; ``auto``: the
+            policy's), ``gpu_memory_utilization`` (GPU fraction the engine may take, weights + KV
+            cache; GPU only), ``kv_cache_gib`` (KV cache size on CPU in whole GiB, sets
+            ``VLLM_CPU_KVCACHE_SPACE``; CPU only), ``max_model_len`` (prompt + completion tokens
+            per sequence), ``enforce_eager`` (no CUDA graphs / compilation: faster start, slower
+            decode on GPU) and ``sleep`` (free the engine's GPU memory between rollouts, vLLM sleep
+            mode level 1, while the trainer runs; GPU only).
     Raises:
         ImportError: vLLM is not installed (the message says how to install it).
         ValueError: ``batch_size`` != 0.
     """
 
-    def __init__(self, model, tokenizer, batch_size: int = 0, progress: bool = True, share_prefix: bool = True,
-                 dtype: str = "auto", gpu_memory_utilization: float = 0.3, kv_cache_gib: int = 4,
-                 max_model_len: int = 2048, enforce_eager: bool = True, sleep: bool = False):
+    def __init__(self, model, tokenizer, params: VLLMRolloutConfig):
+        batch_size, progress, share_prefix = params.batch_size, params.progress, params.share_prefix
+        dtype, gpu_memory_utilization, kv_cache_gib = params.dtype, params.gpu_memory_utilization, params.kv_cache_gib
+        max_model_len, enforce_eager, sleep = params.max_model_len, params.enforce_eager, params.sleep
         if batch_size:
             raise ValueError(f"rollout.batch_size={batch_size}: the vllm backend schedules its own batches; "
                              "leave rollout.batch_size at 0")

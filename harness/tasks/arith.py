@@ -10,8 +10,10 @@ separate seed namespace. The verifier is an exact integer match.
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass, field
+from typing import Optional
 
-from harness.tasks.base import Problem, Shot, Task
+from harness.tasks.base import TASKS, Problem, Shot, Task, TaskConfig
 
 NAMES = ["Ana", "Ben", "Chen", "Dara", "Eli", "Fatima", "Gus", "Hana", "Ivan", "Jo", "Kofi", "Lena"]
 ITEMS = ["apples", "stickers", "marbles", "books", "coins", "pencils", "cards", "shells", "stamps"]
@@ -63,6 +65,23 @@ def worked_answer(steps: list[str], answer: int) -> str:
     return "\n".join(steps) + f"\n#### {answer}"
 
 
+@dataclass
+class ArithTaskConfig(TaskConfig):
+    """Procedurally generated arithmetic word problems (no data files needed)."""
+
+    name: str = "arith"
+    eval_size: Optional[int] = 100
+    instruction: str = ("Solve the problem. Show the calculation, then end with a line of the form "
+                        "'#### <number>'.\n\n{question}")
+    digits: int = 2  # operand digits
+    num_ops: int = 1  # operations per problem
+    operators: list = field(default_factory=lambda: ["+", "-"])
+    distractors: int = 0  # irrelevant sentences with numbers
+    test_size: int = 200  # problems in the fixed test set (eval_size are drawn from it)
+    seed: int = 0
+
+
+@TASKS.register("arith", params=ArithTaskConfig)
 class ArithTask(Task):
     """Arithmetic word problems (``task=arith``); see the module docstring for the knobs."""
 

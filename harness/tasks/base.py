@@ -1,8 +1,10 @@
 """The task interface: data + prompt + verifier, one module per task.
 
 A task owns its problems (train stream and fixed eval set), turns a problem into a chat
-prompt, and scores completions with a verifier from :mod:`harness.verifiers`. The trainer
-only sees :class:`Task`; adding a task is one module, one yaml file and one test.
+prompt, and scores completions with a verifier kind from :mod:`harness.verifiers`. The trainer
+only sees :class:`Task`. Adding a task is one module in this package and one test: the module
+declares its params (a :class:`TaskConfig` subclass, the ``task=<name>`` config node) and
+registers its class with them in :data:`TASKS`; docs/contributing.md shows one.
 """
 
 from __future__ import annotations
@@ -11,13 +13,33 @@ import logging
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
+
+from omegaconf import MISSING
 
 from harness.provenance import file_sha256
+from harness.registry import Registry
 from harness.tasks.data import DataError
 from harness.verifiers import Verdict, parse_number, step_rewards, verify_batch
 
 log = logging.getLogger(__name__)
+
+# name -> Task subclass, with its TaskConfig subclass as params; ``task=<name>`` picks one
+TASKS: Registry = Registry("task")
+
+
+@dataclass
+class TaskConfig:
+    """Fields every task has. ``eval_size`` problems are drawn once with ``eval_seed``."""
+
+    name: str = MISSING
+    eval_size: Optional[int] = 50  # None = the whole test set; more than the test set holds is refused
+    eval_seed: int = 1234
+    train_size: Optional[int] = None  # cap on training problems (None = all): the stream cycles over them
+    num_shots: int = 2  # worked examples prepended as chat turns (0 = zero-shot)
+    system_prompt: Optional[str] = None
+    instruction: str = "{question}"
+    format_reward: float = 0.0  # weight of the answer-format reward component
 
 
 @dataclass(frozen=True)
@@ -39,10 +61,11 @@ class Shot:
 
 
 class Task:
-    """Base class. Subclasses set ``verifier_kind`` and fill ``train``/``eval`` problem lists.
+    """Base class. Subclasses set ``verifier_kind`` (a name in
+    :data:`harness.verifiers.VERIFIERS`) and fill ``train``/``eval`` problem lists.
 
     Args:
-        cfg: the task's structured config (see :mod:`harness.config`).
+        cfg: the task's config node (``cfg.task``: its registered :class:`TaskConfig` subclass).
     """
 
     name: str = "base"

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Optional
+
 import datasets
 
-from harness.tasks.base import Problem, Shot, Task
+from harness.tasks.base import TASKS, Problem, Shot, Task, TaskConfig
 from harness.tasks.data import load_jsonl, require_fields, resolve_data_dir
 
 ENV_VAR = "HARNESS_GSM8K_DIR"
@@ -29,6 +32,23 @@ def gold_from_answer(answer: str) -> str:
     return answer.rsplit("####", 1)[-1].strip().replace(",", "")
 
 
+@dataclass
+class GSM8KTaskConfig(TaskConfig):
+    """GSM8K. Local files: task.data_dir=../shared/data/gsm8k or HARNESS_GSM8K_DIR; else the hub."""
+
+    name: str = "gsm8k"
+    eval_size: Optional[int] = 48
+    num_shots: int = 0
+    instruction: str = ("Solve the problem step by step. End your answer with a line of the form "
+                        "'#### <number>'.\n\n{question}")
+    format_reward: float = 0.5
+    data_dir: Optional[str] = "${oc.env:HARNESS_GSM8K_DIR,null}"  # train.jsonl/test.jsonl; None = hub
+    hub_id: str = "openai/gsm8k"
+    hub_config: str = "main"
+    strict: bool = False  # malformed rows: error naming file:line (True) or skip + count (False)
+
+
+@TASKS.register("gsm8k", params=GSM8KTaskConfig)
 class GSM8KTask(Task):
     """GSM8K from ``task.data_dir`` / ``$HARNESS_GSM8K_DIR`` (train.jsonl, test.jsonl) or the hub."""
 

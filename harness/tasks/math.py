@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Optional
+
 import datasets
 
-from harness.tasks.base import Problem, Shot, Task
+from harness.tasks.base import TASKS, Problem, Shot, Task, TaskConfig
 from harness.tasks.data import load_jsonl, require_fields, resolve_data_dir
 from harness.verifiers import extract_boxed
+from harness.verifiers.batch import MathVerifyParams
 
 ENV_VAR = "HARNESS_MATH_DIR"
 FIELDS = ("problem", "answer")
@@ -24,6 +28,26 @@ SHOTS = (
 )
 
 
+@dataclass
+class MathTaskConfig(TaskConfig):
+    """MATH train / MATH-500 eval. Local files: task.data_dir or HARNESS_MATH_DIR; else the hub."""
+
+    name: str = "math"
+    eval_size: Optional[int] = 100
+    instruction: str = "Solve the problem step by step. Put the final answer in \\boxed{{}}.\n\n{question}"
+    format_reward: float = 0.2
+    data_dir: Optional[str] = "${oc.env:HARNESS_MATH_DIR,null}"  # train.jsonl/math500_test.jsonl; None = hub
+    hub_train_id: str = "EleutherAI/hendrycks_math"
+    hub_eval_id: str = "HuggingFaceH4/MATH-500"
+    levels: Optional[list] = None  # e.g. [1, 2]
+    subjects: Optional[list] = None  # e.g. [Algebra, Prealgebra]
+    # per-check deadline; a check past it scores 0 (status timeout)
+    verify_timeout_s: float = MathVerifyParams.timeout_s
+    verify_workers: int = MathVerifyParams.num_workers  # verifier worker processes (speed only)
+    strict: bool = False  # malformed rows: error naming file:line (True) or skip + count (False)
+
+
+@TASKS.register("math", params=MathTaskConfig)
 class MathTask(Task):
     """MATH train / MATH-500 from ``task.data_dir`` (``$HARNESS_MATH_DIR``) or the hub.
 

@@ -8,13 +8,13 @@ Public API (see each module for conventions and sources):
   ``answers_equivalent`` (unbounded, for workers)
 * :mod:`.steps` - ``safe_eval``, ``split_steps``, ``step_rewards``
 * :mod:`.batch` - ``Verdict``, ``verify_batch``, ``math_correct`` (one answer, bounded),
-  ``summarize``, ``shutdown_pool``, ``KINDS``
+  ``summarize``, ``shutdown_pool``, ``VERIFIERS`` (the registry of verifier kinds)
 
 Nothing in this package imports torch; math_verify/sympy are imported lazily (in the
 worker processes for ``verify_batch("math", ...)``).
 """
 
-from harness.verifiers.batch import KINDS, Verdict, math_correct, shutdown_pool, summarize, verify_batch
+from harness.verifiers.batch import VERIFIERS, Verdict, math_correct, shutdown_pool, summarize, verify_batch
 from harness.verifiers.math import (
     answers_equivalent,
     extract_boxed,
@@ -32,7 +32,7 @@ from harness.verifiers.numeric import (
 from harness.verifiers.steps import safe_eval, split_steps, step_rewards
 
 __all__ = [
-    "KINDS",
+    "VERIFIERS",
     "Verdict",
     "answers_equivalent",
     "extract_boxed",

@@ -1,4 +1,5 @@
-"""Batch verification API used by the trainer: ``verify_batch`` and ``summarize``.
+"""Batch verification API used by the trainer: ``verify_batch``, ``summarize`` and the verifier
+kinds, registered in :data:`VERIFIERS` (:mod:`harness.registry`) with their params beside them.
 
 * ``"gsm8k"`` and ``"int"`` are regex + exact-fraction checks (linear time, no evaluation of
   model text); they run inline in the calling thread.
@@ -18,11 +19,15 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
+from harness.registry import Registry
 from harness.verifiers import numeric
-from harness.verifiers.math import _MAX_ANSWER_CHARS, extract_boxed
 from harness.verifiers._pool import WorkerPool
+from harness.verifiers.math import _MAX_ANSWER_CHARS, extract_boxed
 
-__all__ = ["KINDS", "Verdict", "math_correct", "shutdown_pool", "summarize", "verify_batch"]
+__all__ = ["VERIFIERS", "MathVerifyParams", "Verdict", "math_correct", "shutdown_pool", "summarize", "verify_batch"]
+
+# kind -> fn(completions, golds, params) -> list[Verdict]; a task names its kind (Task.verifier_kind)
+VERIFIERS: Registry = Registry("verifier kind")
 
 
 @dataclass
@@ -44,20 +49,30 @@ class Verdict:
     detail: str = ""
 
 
-def _inline_numeric(check: Callable[[str, str], bool]) -> Callable[[str, str], Verdict]:
-    def run(completion: str, gold: str) -> Verdict:
-        extracted = numeric.extract_gsm8k_answer(completion)
-        formatted = numeric.has_gsm8k_format(completion)
-        return Verdict(bool(check(completion, gold)), formatted, extracted, "ok")
+def _inline_numeric(check: Callable[[str, str], bool]) -> Callable[[list, list, None], list[Verdict]]:
+    """A batch verifier running ``check`` inline on each item; a failing item is ``status="error"``."""
+
+    def run(completions: list[str], golds: list[str], params: None = None) -> list[Verdict]:
+        out = []
+        for c, g in zip(completions, golds):
+            try:
+                extracted, formatted = numeric.extract_gsm8k_answer(c), numeric.has_gsm8k_format(c)
+                out.append(Verdict(bool(check(c, g)), formatted, extracted, "ok"))
+            except Exception as exc:  # noqa: BLE001 - a bad item must not kill the batch
+                extracted = None
+                try:
+                    extracted = numeric.extract_gsm8k_answer(c)
+                except Exception:  # noqa: BLE001
+                    pass
+                detail = f"{type(exc).__name__}: {exc}"[:200]
+                out.append(Verdict(False, numeric.has_gsm8k_format(c), extracted, "error", detail))
+        return out
 
     return run
 
 
-_INLINE: dict[str, Callable[[str, str], Verdict]] = {
-    "gsm8k": _inline_numeric(numeric.gsm8k_correct),
-    "int": _inline_numeric(numeric.int_correct),
-}
-KINDS: tuple[str, ...] = ("gsm8k", "int", "math")
+VERIFIERS.register("gsm8k")(_inline_numeric(numeric.gsm8k_correct))
+VERIFIERS.register("int")(_inline_numeric(numeric.int_correct))
 
 _pool: WorkerPool | None = None
 _pool_guard = threading.Lock()
@@ -92,9 +107,25 @@ def _math_job(answer: str, gold: str) -> dict:
     return {"op": "math", "pred": answer, "gold": gold}
 
 
-def _verify_math(
-    completions: list[str], golds: list[str], timeout_s: float, num_workers: int
-) -> list[Verdict]:
+@dataclass
+class MathVerifyParams:
+    """The ``math`` kind's bounds (a MATH task passes ``task.verify_timeout_s`` / ``task.verify_workers``).
+
+    ``timeout_s``: per-item deadline in seconds, counted from dispatch to a worker; the whole
+    batch is also bounded: items still undispatched after ``ceil(n / num_workers) * timeout_s + 15``
+    seconds are reported as timeouts. ``num_workers``: worker processes used in parallel.
+    """
+
+    timeout_s: float = 5.0
+    num_workers: int = 2
+
+
+@VERIFIERS.register("math", params=MathVerifyParams)
+def _verify_math(completions: list[str], golds: list[str], p: MathVerifyParams) -> list[Verdict]:
+    """Last ``\\boxed{}`` vs gold via math_verify (:mod:`.math`), in the worker pool."""
+    if not p.timeout_s > 0 or p.num_workers < 1:
+        raise ValueError("timeout_s must be > 0 and num_workers >= 1")
+    timeout_s, num_workers = float(p.timeout_s), int(p.num_workers)
     verdicts: list[Verdict | None] = [None] * len(completions)
     jobs: list[dict] = []
     where: list[int] = []
@@ -128,26 +159,17 @@ def _verify_math(
     return verdicts  # type: ignore[return-value]
 
 
-def verify_batch(
-    kind: str,
-    completions: list[str],
-    golds: list[str],
-    *,
-    timeout_s: float = 5.0,
-    num_workers: int = 2,
-) -> list[Verdict]:
+def verify_batch(kind: str, completions: list[str], golds: list[str], **params) -> list[Verdict]:
     """Verify a batch of completions against their gold answers.
 
     Args:
-        kind: ``"gsm8k"`` (number after ``####``, see :mod:`.numeric`), ``"int"`` (same, integer
-            gold) or ``"math"`` (last ``\\boxed{}`` vs gold via math_verify, see :mod:`.math`).
+        kind: a registered verifier kind (:data:`VERIFIERS`): ``"gsm8k"`` (number after ``####``,
+            see :mod:`.numeric`), ``"int"`` (same, integer gold) or ``"math"`` (last ``\\boxed{}``
+            vs gold via math_verify, see :mod:`.math`).
         completions: model completions.
         golds: gold answers, same length (GSM8K: bare number or full ``answer`` field).
-        timeout_s: per-item deadline for ``"math"`` in seconds, counted from dispatch to a
-            worker. The whole batch is also bounded: items still undispatched after
-            ``ceil(n / num_workers) * timeout_s + 15`` seconds are reported as timeouts.
-            Inline kinds are linear-time and need no deadline.
-        num_workers: worker processes used in parallel for ``"math"``.
+        params: the kind's params (``math``: :class:`MathVerifyParams`, ``timeout_s`` and
+            ``num_workers``; the inline kinds are linear-time and take none).
 
     Returns:
         One :class:`Verdict` per completion, in order. Timeouts and exceptions (including a
@@ -156,33 +178,15 @@ def verify_batch(
 
     Raises:
         ValueError: unknown ``kind`` (the message lists the valid names), length mismatch,
-            or ``timeout_s``/``num_workers`` not positive.
+            a parameter the kind does not take, or ``timeout_s``/``num_workers`` not positive.
     """
-    if kind not in KINDS:
-        raise ValueError(f"unknown verifier kind {kind!r}; valid kinds: {', '.join(KINDS)}")
+    spec = VERIFIERS.spec(kind)
     if len(completions) != len(golds):
         raise ValueError(f"{len(completions)} completions but {len(golds)} golds")
-    if not timeout_s > 0 or num_workers < 1:
-        raise ValueError("timeout_s must be > 0 and num_workers >= 1")
-    if kind == "math":
-        return _verify_math(list(completions), list(golds), float(timeout_s), int(num_workers))
-    check = _INLINE[kind]
-    out = []
-    for c, g in zip(completions, golds):
-        try:
-            out.append(check(c, g))
-        except Exception as exc:  # noqa: BLE001 - a bad item must not kill the batch
-            extracted = None
-            try:
-                extracted = numeric.extract_gsm8k_answer(c)
-            except Exception:  # noqa: BLE001
-                pass
-            detail = f"{type(exc).__name__}: {exc}"[:200]
-            out.append(Verdict(False, numeric.has_gsm8k_format(c), extracted, "error", detail))
-    return out
+    return spec.fn(list(completions), list(golds), spec.build(params))
 
 
-def math_correct(completion: str, gold: str, *, timeout_s: float = 5.0) -> bool:
+def math_correct(completion: str, gold: str, *, timeout_s: float = MathVerifyParams.timeout_s) -> bool:
     """Check a MATH completion against the gold answer, bounded in time from any thread.
 
     Args:
