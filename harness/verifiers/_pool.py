@@ -178,11 +178,15 @@ class WorkerPool:
                 for key, _ in sel.select(timeout=min(wait_s, 1.0) + 0.001):
                     w = key.data
                     msgs, eof = w.read_lines()
+                    read_at = time.monotonic()
                     for msg in msgs:
                         if msg.get("ready"):
                             w.ready, start_failures = True, 0
                         elif w.job is not None:
-                            results[w.job], w.job = msg, None
+                            # a reply read after its deadline is a timeout, as if it had not come:
+                            # the deadline must not depend on how long select() happened to wait
+                            late = read_at > w.deadline
+                            results[w.job], w.job = ({"ok": False, "timeout": True} if late else msg), None
                     if eof:
                         if w.job is not None:
                             results[w.job] = {"ok": False, "error": "worker died"}
