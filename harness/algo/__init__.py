@@ -6,7 +6,16 @@ tokens), ``[P, G]`` prompt groups with ``B = P * G`` and group-major rows
 (row ``b = p * G + g``).
 """
 
-from .advantages import OUTCOME_ESTIMATORS, compute_advantages, outcome_requires_groups
+from .estimators import (
+    TOKEN_ESTIMATORS,
+    AdvantageContext,
+    AdvantageOutput,
+    compute_advantages,
+    estimate_advantages,
+    outcome_names,
+    requires_groups,
+)
+from . import advantages, rescaled, token_estimators  # noqa: F401  (register their estimators)
 from .gae import gae, reinforce_pp_returns
 from .kl import KL_CONTROLLERS, KL_ESTIMATORS, kl_penalty
 from .losses import (
@@ -21,13 +30,6 @@ from .filters import GROUP_FILTERS
 from .rollout_correction import ROLLOUT_CORRECTIONS, mismatch_stats
 from .policy_losses import POLICY_LOSSES
 from .registry import Registry
-from .token_estimators import (
-    TOKEN_ESTIMATORS,
-    AdvantageContext,
-    AdvantageOutput,
-    estimate_advantages,
-    requires_groups,
-)
 from .utils import (
     explained_variance,
     masked_mean,
@@ -60,9 +62,8 @@ __all__ = [
     "pass_at_k",
     "maj_at_k",
     "requires_groups",
-    "outcome_requires_groups",
+    "outcome_names",
     "Registry",
-    "OUTCOME_ESTIMATORS",
     "TOKEN_ESTIMATORS",
     "KL_ESTIMATORS",
     "KL_CONTROLLERS",
