@@ -37,8 +37,8 @@ from hypothesis import strategies as st
 
 from harness.algo import (KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, ROLLOUT_CORRECTIONS, TOKEN_ESTIMATORS,
                           aggregate_loss)
-from harness.algo.losses import aggregation_normalizers
-from harness.algo.token_estimators import AdvantageContext
+from harness.algo.aggregation import aggregation_normalizers
+from harness.algo.estimators import AdvantageContext
 
 U32 = 2.0 ** -24  # float32 unit roundoff
 settings.register_profile("ci", max_examples=40, deadline=None, derandomize=True,

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from harness.algo import TOKEN_ESTIMATORS, AdvantageContext
-from harness.algo.losses import aggregation_normalizers
+from harness.algo.aggregation import aggregation_normalizers
 from harness.rewards import shape_rewards
 from harness.update import aggregate, token_objective
 from tests.conftest import compose

@@ -18,18 +18,12 @@ from .estimators import (
 from . import advantages, rescaled, token_estimators  # noqa: F401  (register their estimators)
 from .gae import gae, reinforce_pp_returns
 from .kl import KL_CONTROLLERS, KL_ESTIMATORS, kl_penalty
-from .losses import (
-    LOSS_AGGREGATIONS,
-    RATIO_LEVELS,
-    aggregate_loss,
-    aggregation_normalizers,
-    policy_loss,
-    value_loss,
-)
+from .aggregation import LOSS_AGGREGATIONS, aggregate_loss, aggregation_normalizers
 from .filters import GROUP_FILTERS
 from .rollout_correction import ROLLOUT_CORRECTIONS, mismatch_stats
 from .policy_losses import POLICY_LOSSES
 from .registry import Registry
+from .surrogate import RATIO_LEVELS, policy_loss
 from .utils import (
     explained_variance,
     masked_mean,
@@ -39,6 +33,7 @@ from .utils import (
     masked_whiten,
     pass_at_k,
 )
+from .value_loss import value_loss
 
 __all__ = [
     "ROLLOUT_CORRECTIONS",
