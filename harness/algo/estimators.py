@@ -153,18 +153,18 @@ def outcome_estimator(name: str, *, params: type, grouped: bool, invariances=())
     def decorator(fn: Callable) -> Callable:
         _OUTCOME_FNS[name] = fn
         TOKEN_ESTIMATORS.register(name, params=params, grouped=grouped, invariances=invariances)(
-            in_float64(_broadcast_outcome(name, fn)))
+            in_float64(_broadcast_outcome(name, fn, grouped)))
         return fn
 
     return decorator
 
 
-def _broadcast_outcome(name: str, fn: Callable) -> Callable:
+def _broadcast_outcome(name: str, fn: Callable, grouped: bool) -> Callable:
     def estimator(ctx: AdvantageContext, p) -> AdvantageOutput:
         P, G = check_context(ctx, name)
         m = float_mask(ctx)
         valid = (ctx.mask.to(torch.bool).sum(dim=-1) > 0).reshape(P, G)
-        seq_adv = compute_advantages(ctx.scores, name, valid=valid, params=p, state=ctx.state)
+        seq_adv = _run_outcome(name, fn, grouped, ctx.scores, valid, p, ctx.state)
         return AdvantageOutput(advantages=broadcast(seq_adv, m))
 
     estimator.__name__ = f"{name}_token_estimator"
@@ -224,7 +224,14 @@ def compute_advantages(
     if spec.name not in _OUTCOME_FNS:
         raise ValueError(f"advantage estimator {estimator!r} is token-level (it needs an AdvantageContext: "
                          f"estimate_advantages); outcome estimators: {', '.join(outcome_names())}")
-    p = spec.build(params, **overrides)
+    return _run_outcome(spec.name, _OUTCOME_FNS[spec.name], spec.grouped, rewards, valid,
+                        spec.build(params, **overrides), state)
+
+
+def _run_outcome(name: str, fn: Callable, grouped: bool, rewards: Tensor, valid: Optional[Tensor], p,
+                 state: Optional[Dict]) -> Tensor:
+    """:func:`compute_advantages` for the outcome function ``fn`` of estimator ``name`` and its
+    built params ``p``: checks the inputs, runs ``fn`` in float64, returns in rewards' dtype."""
     if not isinstance(rewards, Tensor) or rewards.dim() != 2:
         got = shape_str(rewards) if isinstance(rewards, Tensor) else type(rewards).__name__
         raise ValueError(f"rewards must be a [P, G] tensor, got {got}")
@@ -236,14 +243,14 @@ def compute_advantages(
         got = shape_str(valid) if isinstance(valid, Tensor) else type(valid).__name__
         raise ValueError(f"valid must be a bool tensor of shape {shape_str(rewards)}, got {got}")
     valid = valid.to(torch.bool)
-    if spec.grouped and rewards.shape[1] < 2:
+    if grouped and rewards.shape[1] < 2:
         raise ValueError(
-            f"group_size must be >= 2 for estimator {estimator!r}, got G={rewards.shape[1]}"
+            f"group_size must be >= 2 for estimator {name!r}, got G={rewards.shape[1]}"
         )
     if not bool(torch.isfinite(rewards[valid]).all()):
         raise ValueError("rewards must be finite at valid positions (found NaN or inf)")
     # Convention: the group statistics are computed in float64 (see in_float64).
-    return _OUTCOME_FNS[spec.name](rewards.to(torch.float64), valid, p, state).to(rewards.dtype)
+    return fn(rewards.to(torch.float64), valid, p, state).to(rewards.dtype)
 
 
 def estimate_advantages(name: str, ctx: AdvantageContext, params=None, **overrides) -> AdvantageOutput:
