@@ -18,6 +18,7 @@ import time
 
 import torch
 
+from harness.algo import build_algorithm
 from harness.models import EMBEDDED_NAME, load_causal_lm
 from harness.sweep import compose
 from harness.update import TrainBatch, policy_pass
@@ -32,8 +33,8 @@ def main(argv=None) -> None:
     p_ids, c_ids = torch.randint(3, 40000, (B, Tp), generator=g), torch.randint(3, 40000, (B, Tc), generator=g)
     tb = TrainBatch(p_ids, torch.ones(B, Tp, dtype=torch.long), c_ids, torch.ones(B, Tc, dtype=torch.long),
                     torch.ones(B, Tc))
-    s = compose(["policy_loss.epsilon=0.2", "beta=0.0", "loss_agg=token-mean", "rollout.temperature=1.0",
-                 "train.logprob_chunk=64", "train.share_prefix=false"])
+    s = build_algorithm(compose(["policy_loss.epsilon=0.2", "beta=0.0", "loss_agg=token-mean",
+                                 "rollout.temperature=1.0", "train.logprob_chunk=64", "train.share_prefix=false"]))
     base = None
     for mode in ("fp32", "autocast-bf16", "bf16-weights"):
         model = load_causal_lm(EMBEDDED_NAME, "bfloat16" if mode == "bf16-weights" else "float32")

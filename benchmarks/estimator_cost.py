@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from harness.algo import TOKEN_ESTIMATORS, AdvantageContext, estimate_advantages
+from harness.algo import TOKEN_ESTIMATORS, AdvantageContext, build_algorithm, estimate_advantages
 from harness.critic import Critic, ValueModel
 from harness.sweep import compose
 from harness.update import TrainBatch, batched_logprobs, policy_pass
@@ -74,8 +74,9 @@ def run_one(shape, estimator, args):
                  "rollout.temperature=1.0", f"train.logprob_chunk={args.chunk}", "train.share_prefix=false",
                  f"advantage={estimator}"] + (["critic.lr=1e-6"] if "values" in TOKEN_ESTIMATORS.spec(estimator).needs
                                               else []))
-    needs_values = "values" in TOKEN_ESTIMATORS.spec(estimator).needs
-    critic = Critic(s, ValueModel(copy.deepcopy(policy)).to(dev, dtype)) if needs_values else None
+    algo = build_algorithm(s)
+    critic = Critic(s.critic, ValueModel(copy.deepcopy(policy)).to(dev, dtype), betas=s.train.adam_betas,
+                    max_grad_norm=s.train.max_grad_norm, precision=s.train.precision) if algo.needs("values") else None
     opt = torch.optim.AdamW(policy.parameters(), lr=1e-6)
     P, G, Tp, Tc, mb = args.prompts, args.group_size, args.prompt_tokens, args.new_tokens, args.micro_batch
     B = P * G
@@ -108,7 +109,7 @@ def run_one(shape, estimator, args):
     if critic is not None:
         critic.update(tb, mb)
     opt.zero_grad()
-    policy_pass(policy, tb, s, mb)
+    policy_pass(policy, tb, algo, mb)
     opt.step()
     _sync(dev)
     times["update_s"] = time.perf_counter() - t0

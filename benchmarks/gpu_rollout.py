@@ -116,7 +116,7 @@ def main(argv=None) -> int:
 
 def grpo_step(model, tok, prompts, a, params, device_name, dtype, shape: str) -> dict:
     """One rollout + update + sync of the harness's code on ``a.device`` (see the module doc)."""
-    from harness.algo import compute_advantages
+    from harness.algo import build_algorithm, compute_advantages
     from harness.rollout import build_backend
     from harness.sweep import compose
     from harness.update import TrainBatch, policy_pass
@@ -140,7 +140,7 @@ def grpo_step(model, tok, prompts, a, params, device_name, dtype, shape: str) ->
     tb = TrainBatch(batch.prompt_ids.to(dev), batch.prompt_mask.to(dev), batch.completion_ids.to(dev),
                     batch.completion_mask.to(dev), adv.to(dev))
     t0 = time.perf_counter()
-    stats = policy_pass(model, tb, cfg, cfg.train.micro_batch_size)
+    stats = policy_pass(model, tb, build_algorithm(cfg), cfg.train.micro_batch_size)
     opt.step()
     opt.zero_grad(set_to_none=True)
     sync()

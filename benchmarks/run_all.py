@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 
 from benchmarks import trl_compare
+from harness.algo import build_algorithm
 from harness.models import EMBEDDED_NAME, load_causal_lm, load_tokenizer
 from harness.perf import PeakMemory
 from harness.rollout import SamplingParams, build_backend
@@ -86,9 +87,10 @@ def rollout_rates(model, tok, prompts, num_samples, new_tokens, order=("bare", "
 
 
 def _settings(share_prefix=False, chunk=64):
-    """The run config the loss reads: GRPO token-mean, beta 0, the given chunk and prefix sharing."""
-    return compose(["policy_loss.epsilon=0.2", "beta=0.0", "loss_agg=token-mean", "rollout.temperature=1.0",
-                    f"train.logprob_chunk={chunk}", f"train.share_prefix={str(share_prefix).lower()}"])
+    """The algorithm the update reads: GRPO token-mean, beta 0, the given chunk and prefix sharing."""
+    return build_algorithm(compose(["policy_loss.epsilon=0.2", "beta=0.0", "loss_agg=token-mean",
+                                    "rollout.temperature=1.0", f"train.logprob_chunk={chunk}",
+                                    f"train.share_prefix={str(share_prefix).lower()}"]))
 
 
 def train_step_cost(model, B, Tp, Tc, naive=False, micro=4, chunk=64):

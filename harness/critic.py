@@ -61,14 +61,17 @@ class Critic:
     """Value model + optimizer + value loss + warm-up + state.
 
     Args:
-        cfg: the run config (``critic.*``; ``train.adam_betas``, ``train.max_grad_norm``,
-            ``train.share_prefix`` apply to it as to the policy).
-        model: the :class:`ValueModel`.
+        settings: its ``critic.*`` node (:class:`CriticConfig`: lr, vf_coef, value_clip,
+            warmup_steps).
+        model: the :class:`ValueModel` (``train.share_prefix`` is its ``share_prefix``).
+        betas, max_grad_norm, precision: ``train.adam_betas``, ``train.max_grad_norm`` and
+            ``train.precision``, which apply to it as to the policy.
     """
 
-    def __init__(self, cfg, model: ValueModel):
-        self.cfg, self.model = cfg, model.train()
-        self.opt = torch.optim.AdamW(model.parameters(), lr=cfg.critic.lr, betas=tuple(cfg.train.adam_betas))
+    def __init__(self, settings: CriticConfig, model: ValueModel, *, betas, max_grad_norm: float, precision: str):
+        self.settings, self.model = settings, model.train()
+        self.max_grad_norm, self.precision = max_grad_norm, precision
+        self.opt = torch.optim.AdamW(model.parameters(), lr=settings.lr, betas=tuple(betas))
 
     @classmethod
     def build(cls, cfg, policy, fresh_policy) -> "Critic":
@@ -86,17 +89,19 @@ class Critic:
             body = fresh_policy()
             body.apply(body._init_weights)
         device = next(policy.parameters()).device  # the value head joins the body's device
-        return cls(cfg, ValueModel(body, share_prefix=cfg.train.share_prefix).to(device))
+        model = ValueModel(body, share_prefix=cfg.train.share_prefix).to(device)
+        return cls(cfg.critic, model, betas=cfg.train.adam_betas, max_grad_norm=cfg.train.max_grad_norm,
+                   precision=cfg.train.precision)
 
     def in_warmup(self, step: int) -> bool:
         """True while only the critic trains (the first ``critic.warmup_steps`` steps)."""
-        return step < self.cfg.critic.warmup_steps
+        return step < self.settings.warmup_steps
 
     @torch.no_grad()
     def values(self, prompt_ids, prompt_mask, completion_ids, completion_mask, micro_batch_size: int):
         """``[B, Tc]`` values of the rollout batch, without gradients."""
         dev = next(self.model.parameters()).device
-        with autocast(self.cfg.train.precision, dev.type):
+        with autocast(self.precision, dev.type):
             return batched_forward(self.model, prompt_ids, prompt_mask, completion_ids, completion_mask,
                                    micro_batch_size, self.model.share_prefix, device=dev)
 
@@ -110,7 +115,7 @@ class Critic:
         Data-parallel: ``batch`` is this rank's rows; the token count is the global batch's, the
         gradients are summed over ranks before clipping and the statistics are global.
         """
-        c = self.cfg.critic
+        c = self.settings
         norm = global_normalizers(batch.loss_mask)
         self.opt.zero_grad(set_to_none=True)
         sums = {"value_loss": 0.0, "vf_clip_frac": 0.0}
@@ -118,7 +123,7 @@ class Critic:
         for _, mb in micro_batches(batch, micro_batch_size, self.model.share_prefix):
             mb = mb.to(dev)  # the batch stays on CPU; each micro-batch visits the critic's device
             mask = mb.loss_mask.float()
-            with autocast(self.cfg.train.precision, dev.type):
+            with autocast(self.precision, dev.type):
                 v = self.model(mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.loss_mask)
             per_token, stats = value_loss(v, mb.old_values, mb.returns, mask, clip_range=c.value_clip)
             loss = c.vf_coef * aggregate_loss(per_token, mask, "token-mean", num_tokens=norm["num_tokens"])
@@ -127,7 +132,7 @@ class Critic:
             sums["vf_clip_frac"] += float(stats["vf_clip_frac"]) * float(mask.sum()) / norm["num_tokens"]
         w = world()
         w.all_reduce_grads(self.model.parameters())
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.max_grad_norm)
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
         self.opt.step()
         sums = w.sum_dict(sums)
         sums["explained_variance"] = explained_variance(w.gather_rows(batch.old_values), w.gather_rows(batch.returns),

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from harness.algo import kl_penalty
+from harness.algo import KLTerm
 from harness.verifiers import summarize
 
 
@@ -62,14 +62,14 @@ def compute_rewards(task, texts: list[str], golds: list[str], lengths: torch.Ten
     return RewardOutput(total, correct, formatted, over, summarize(verdicts))
 
 
-def shape_rewards(rewards: torch.Tensor, mask: torch.Tensor, old_logprobs, ref_logprobs, cfg, beta=None):
+def shape_rewards(rewards: torch.Tensor, mask: torch.Tensor, old_logprobs, ref_logprobs, kl: KLTerm, beta=None):
     """Sequence scores and per-token rewards the advantage estimator sees.
 
     Args:
         rewards: ``[B]`` total reward of each completion; mask: ``[B, T]`` completion mask.
         old_logprobs, ref_logprobs: ``[B, T]`` behaviour and reference log-probs, or None.
-        cfg: the run config (``kl.placement``, ``kl.form``, ``kl.clamp``, ``beta``).
-        beta: the step's KL coefficient (the KL controller's; ``cfg.beta`` when None).
+        kl: the run's KL term (``algo.kl``, :class:`harness.algo.KLTerm`: placement, form, clamp, beta).
+        beta: the step's KL coefficient (the KL controller's; ``kl.beta`` when None).
     Returns:
         ``(scores [B], token_rewards [B, T])``: the outcome reward sits on each row's last valid
         token (0 for an empty row). With ``kl.placement=reward`` and a reference, the per-token
@@ -81,9 +81,9 @@ def shape_rewards(rewards: torch.Tensor, mask: torch.Tensor, old_logprobs, ref_l
     last = (lengths - 1).clamp(min=0)
     token_rewards[torch.arange(len(lengths)), last] = rewards * (lengths > 0).float()
     scores = rewards.clone().float()
-    if ref_logprobs is not None and cfg.kl.placement == "reward":
-        beta = cfg.beta if beta is None else beta
-        kl_tok = kl_penalty(old_logprobs, ref_logprobs, cfg.kl.form, clamp=cfg.kl.clamp) * mask
+    if ref_logprobs is not None and kl.placement == "reward":
+        beta = kl.beta if beta is None else beta
+        kl_tok = kl.penalty(old_logprobs, ref_logprobs) * mask
         token_rewards = token_rewards - beta * kl_tok
         scores = scores - beta * kl_tok.sum(1)
     return scores, token_rewards

@@ -29,7 +29,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from harness import checkpoint as ckpt
 from harness import credentials, distributed, precision, progress, provenance
-from harness.algo import TOKEN_ESTIMATORS
+from harness.algo import Algorithm, build_algorithm
 from harness.config import register_configs
 from harness.critic import Critic
 from harness.distributed import train_device, world
@@ -86,9 +86,10 @@ def build_policy(cfg, tokenizer):
     return model.to(train_device(cfg.model.device))
 
 
-def build_components(cfg):
+def build_components(cfg, algo: Algorithm | None = None):
     """Task, tokenizer, policy (train mode), critic (a :class:`harness.critic.Critic` when the
-    estimator needs values, else None) and rollout backend for ``cfg``.
+    estimator needs values, else None) and rollout backend for ``cfg``; ``algo``: the run's
+    :class:`harness.algo.Algorithm` (built from ``cfg`` when None).
 
     Shared by :func:`train` and the benchmarks, so both measure the same objects.
 
@@ -101,7 +102,7 @@ def build_components(cfg):
     policy = build_policy(cfg, tokenizer)
     policy.train()
     critic = None
-    if "values" in TOKEN_ESTIMATORS.spec(cfg.advantage.name).needs:
+    if (algo if algo is not None else build_algorithm(cfg)).needs("values"):
         critic = Critic.build(cfg, policy, lambda: build_policy(cfg, tokenizer))
     backend = build_backend(cfg.rollout.backend, policy, tokenizer, **cfg.rollout)  # the whole rollout node
     return task, tokenizer, policy, critic, backend
@@ -430,12 +431,13 @@ def _train(cfg, held: contextlib.ExitStack, on_eval, on_step, rerun_of, recorded
         state = found if w.is_main else ckpt.load(plan["path"])
         if w.is_main:
             log.info("resuming from %s (step %d)", plan["path"], state["step"])
-    task, tokenizer, policy, critic, backend = build_components(cfg)
+    algo = build_algorithm(cfg)  # once, after prepare() has resolved train.precision=auto
+    task, tokenizer, policy, critic, backend = build_components(cfg, algo)
     weights_sha256 = None
     if w.is_main and cfg.train.sharding != "none":  # hashed whole, before the Trainer shards it
         weights_sha256 = provenance.state_dict_sha256(policy)
     trainer = Trainer(cfg, task, tokenizer, policy, backend, tracker, critic=critic, checkpoint_dir=ckpt_dir,
-                      on_eval=on_eval, on_step=on_step, config_key=key)
+                      on_eval=on_eval, on_step=on_step, config_key=key, algorithm=algo)
     how = None
     if w.is_main:
         how = tracker.open(ckpt_dir / "run.json", cfg.tracking.run_name or default_run_name(cfg),

@@ -20,7 +20,7 @@ import torch
 from mlflow.entities import Metric
 
 from harness import checkpoint as ckpt
-from harness.algo import GROUP_FILTERS, KL_CONTROLLERS, TOKEN_ESTIMATORS, AdvantageContext, mismatch_stats
+from harness.algo import Algorithm, AdvantageContext, build_algorithm, mismatch_stats
 from harness import distributed, progress
 from harness.distributed import full_weights, world
 from harness.evaluation import BY_OUTCOME, completion_len_by_outcome, evaluate
@@ -89,10 +89,11 @@ class Trainer:
         on_eval: optional ``fn(step, metrics)`` called after each evaluation.
         on_step: optional ``fn(record: StepRecord)`` called after each step's metrics are complete.
         config_key: the run's :func:`harness.run.config_key`, stored in each checkpoint.
+        algorithm: the run's :class:`harness.algo.Algorithm` (built from ``cfg`` when None).
 
-    The estimator is looked up once (``TOKEN_ESTIMATORS.spec(cfg.advantage.name)``) and receives
-    ``cfg.advantage`` whole; what it declares in ``needs`` (critic values, step rewards) is
-    computed for it. No variant is named here.
+    The algorithm (estimator, policy loss, aggregation, KL, rollout correction, group filter) is
+    built once; what the estimator declares in ``needs`` (critic values, step rewards, a greedy
+    completion) is computed for it. No variant is named here.
 
     Under ``torchrun`` (:mod:`harness.distributed`) each rank samples its share of the step's
     prompts; the estimator, the loss normalisers, the gradient and the metrics are those of the
@@ -101,8 +102,9 @@ class Trainer:
     """
 
     def __init__(self, cfg, task, tokenizer, policy, backend, tracker, critic=None, checkpoint_dir=None,
-                 on_eval=None, on_step=None, config_key=None):
+                 on_eval=None, on_step=None, config_key=None, algorithm: Optional[Algorithm] = None):
         self.cfg, self.task, self.tok, self.policy = cfg, task, tokenizer, policy
+        self.algo = algorithm if algorithm is not None else build_algorithm(cfg)
         self.config_key = config_key  # written into checkpoints: another config's job must not resume them
         self.on_eval, self.on_step = on_eval, on_step
         self.world = world()
@@ -110,19 +112,13 @@ class Trainer:
         self.world.broadcast_module(policy)  # every rank starts from rank 0's weights
         if critic is not None:
             self.world.broadcast_module(critic.model)
-        self.estimator = TOKEN_ESTIMATORS.spec(cfg.advantage.name)
-        self.adv_params = self.estimator.build(cfg.advantage)
-        self.group_filter = GROUP_FILTERS.spec(cfg.group_filter.name)
-        self.group_filter_params = self.group_filter.build(cfg.group_filter)
-        self.kl_controller = KL_CONTROLLERS.get(cfg.kl.controller)
-        self.kl_coef = float(cfg.beta)  # the KL coefficient of the next step (kl.controller moves it)
-        if "values" in self.estimator.needs and critic is None:
-            raise ValueError(f"advantage={cfg.advantage.name} needs critic values: pass critic=...")
+        self.kl_coef = float(self.algo.kl.beta)  # the KL coefficient of the next step (kl.controller moves it)
+        if self.algo.needs("values") and critic is None:
+            raise ValueError(f"advantage={self.algo.estimator.name} needs critic values: pass critic=...")
         self.backend, self.tracker, self.critic = backend, tracker, critic
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
         t = cfg.train
-        self.use_ref = cfg.beta > 0 and cfg.kl.placement != "none"
-        self.ref = copy.deepcopy(policy).eval().requires_grad_(False) if self.use_ref else None
+        self.ref = copy.deepcopy(policy).eval().requires_grad_(False) if self.algo.kl.uses_ref else None
         if t.sharding == "fsdp2":  # before the optimizer: it must hold the shards
             distributed.shard(policy)
             if self.ref is not None:
@@ -168,7 +164,7 @@ class Trainer:
 
     def _collect(self):
         cfg, G, P, w = self.cfg, self.cfg.group_size, self.cfg.train.prompts_per_step, self.world
-        rounds = self.group_filter_params.max_rounds
+        rounds = self.algo.group_filter.params.max_rounds
         kept, kept_rewards, kept_problems, t_roll, t_rew, sampled, info = [], [], [], 0.0, 0.0, 0, {}
         kept_global, generated = 0, 0
         for round_ in range(rounds):
@@ -192,7 +188,7 @@ class Trainer:
                     overlong_factor=cfg.overlong.penalty,
                 )
                 t_roll, t_rew = t_roll + (t1 - t0), t_rew + (time.perf_counter() - t1)
-                keep = self.group_filter.fn(rew.rewards.view(-1, G), self.group_filter_params)
+                keep = self.algo.group_filter(rew.rewards.view(-1, G))
             n_keep = w.sum(int(keep.sum()))
             if n_keep < need:
                 if n_keep == 0:
@@ -235,26 +231,27 @@ class Trainer:
             loss_mask[batch.truncated] = 0
         args = (batch.prompt_ids, batch.prompt_mask, batch.completion_ids, cmask)
 
-        share = cfg.train.share_prefix
-        lp_kw = dict(temperature=cfg.rollout.temperature, chunk=cfg.train.logprob_chunk, micro_batch_size=mb,
-                     share_prefix=share, precision=cfg.train.precision)
-        need_old = cfg.mu > 1 or (self.use_ref and cfg.kl.placement == "reward")
+        algo, fwd = self.algo, self.algo.forward
+        share = fwd.share_prefix
+        lp_kw = dict(temperature=fwd.temperature, chunk=fwd.chunk, micro_batch_size=mb, share_prefix=share,
+                     precision=fwd.precision)
+        need_old = algo.needs_old_logprobs
         t0 = time.perf_counter()
         with full_weights(self.policy), progress.phase("old log-probs"):
             old = batched_logprobs(self.policy, *args, **lp_kw) if need_old else None
         t_old = time.perf_counter() - t0
         with full_weights(self.ref), progress.phase("reference log-probs"):
-            ref = batched_logprobs(self.ref, *args, **lp_kw) if self.use_ref else None
+            ref = batched_logprobs(self.ref, *args, **lp_kw) if self.ref is not None else None
         t_ref = time.perf_counter() - t0 - t_old
         with progress.phase("critic values"):
             values = self.critic.values(*args, mb) if self.critic is not None else None
         t_logprob = time.perf_counter() - t0
 
-        scores, token_rewards = shape_rewards(rew.rewards, cmask, old, ref, cfg, beta=self.kl_coef)
+        scores, token_rewards = shape_rewards(rew.rewards, cmask, old, ref, algo.kl, beta=self.kl_coef)
         with progress.phase("greedy rollout"):
-            greedy = self._greedy_scores(problems) if "greedy" in self.estimator.needs else None
+            greedy = self._greedy_scores(problems) if algo.needs("greedy") else None
         steps = None
-        if "step_rewards" in self.estimator.needs:
+        if algo.needs("step_rewards"):
             steps = process_step_rewards(self.task, self.tok, batch.texts, batch.completion_ids, cmask, rew.rewards)
         # The estimator sees the global batch (all ranks' rows, rank order); each rank keeps its rows.
         w, n_local, t_local = self.world, batch.num_sequences, cmask.shape[1]
@@ -264,7 +261,7 @@ class Trainer:
         ctx = AdvantageContext(scores=w.gather_rows(scores).view(-1, G), token_rewards=w.gather_rows(token_rewards),
                                mask=gmask, values=w.gather_rows(values), step_rewards=steps, state=self.adv_state,
                                greedy_scores=w.gather_rows(greedy))
-        adv = self.estimator.fn(ctx, self.adv_params)
+        adv = algo.estimator(ctx)
         first = w.row_offset(n_local)
         local_adv = adv.advantages[first : first + n_local, :t_local]
         local_returns = adv.returns[first : first + n_local, :t_local] if adv.returns is not None else None
@@ -277,7 +274,8 @@ class Trainer:
             stats = self._update(tb)
         t_update = time.perf_counter() - t0
         self.step += 1
-        if self.ref is not None and cfg.kl.ref_refresh_steps and self.step % cfg.kl.ref_refresh_steps == 0:
+        refresh = algo.kl.ref_refresh_steps
+        if self.ref is not None and refresh and self.step % refresh == 0:
             self.ref.load_state_dict(self.policy.state_dict())  # sharded: shard to shard, same layout
         t0 = time.perf_counter()
         self.backend.sync_weights(self.policy)  # into the rollout engine (vLLM); the hf backend shares the module
@@ -313,7 +311,7 @@ class Trainer:
             "verifier/timeouts": grew.verifier.get("verifier/timeouts", 0.0),
             "verifier/errors": grew.verifier.get("verifier/errors", 0.0),
         }
-        if cfg.rollout.temperature > 0:  # the sampler's log-probs against the trainer's (same on every rank)
+        if fwd.temperature > 0:  # the sampler's log-probs against the trainer's (same on every rank)
             metrics.update(self._mismatch_metrics(batch, old, loss_mask))
         for k in ("time/logprob_s", "time/old_logprob_s", "time/ref_logprob_s", "time/value_s", "time/update_s",
                   "time/rollout_s", "time/reward_s", "time/weight_sync_s"):
@@ -321,8 +319,7 @@ class Trainer:
         metrics.update(throughput(metrics, n_trained, w.world_size))
         if "train/kl" in metrics:  # the controller sets the next step's coefficient
             # n_samples: the step's completions over all ranks (grew is gathered), as one process has
-            self.kl_coef = self.kl_controller(self.kl_coef, metrics["train/kl"], int(grew.rewards.numel()),
-                                              cfg.kl.target, cfg.kl.horizon)
+            self.kl_coef = algo.kl.next_beta(self.kl_coef, metrics["train/kl"], int(grew.rewards.numel()))
         self._last = StepRecord(self.step, batch, rew, ctx.scores[first // G : (first + n_local) // G], local_adv,
                                 local_returns, loss_mask, metrics, greedy, self._first_logprobs)
         return metrics
@@ -336,7 +333,7 @@ class Trainer:
             local = mismatch_stats(torch.zeros(0, 1), torch.zeros(0, 1), torch.zeros(0, 1), 1.0)
         else:
             trainer = old if old is not None else self._first_logprobs
-            local = mismatch_stats(trainer, batch.sampler_logprobs, loss_mask, self.cfg.rollout_correction.cap)
+            local = mismatch_stats(trainer, batch.sampler_logprobs, loss_mask, self.algo.rollout_correction.params.cap)
         sums = w.sum_dict({k: local[k] for k in ("tokens", "abs_diff_sum", "ratio_sum", "past_cap")})
         if sums["tokens"] == 0:
             return {}
@@ -367,17 +364,17 @@ class Trainer:
         (nats) of the sampling distribution (the policy before this step's updates, logits divided
         by ``rollout.temperature``, before any top-k / top-p truncation) over the loss tokens,
         token-weighted over micro-batches and ranks (:func:`harness.update.policy_pass`)."""
-        cfg, mb = self.cfg, self.cfg.train.micro_batch_size
+        cfg, mb, mu = self.cfg, self.cfg.train.micro_batch_size, self.algo.mu
         stats: dict = {}
         warmup = self.critic is not None and self.critic.in_warmup(self.step)
         self._first_logprobs = torch.zeros(tb.loss_mask.shape, dtype=compute_dtype(self.policy))
-        for i in range(cfg.mu):  # statistics are averaged over the mu passes
+        for i in range(mu):  # statistics are averaged over the mu passes
             if self.critic is not None:
-                _accumulate(stats, self.critic.update(tb, mb), cfg.mu)
+                _accumulate(stats, self.critic.update(tb, mb), mu)
             if warmup:
                 continue
             self.opt.zero_grad(set_to_none=True)
-            s = policy_pass(self.policy, tb, cfg, mb, beta=self.kl_coef,
+            s = policy_pass(self.policy, tb, self.algo, mb, beta=self.kl_coef,
                             logprobs_out=self._first_logprobs if i == 0 else None)
             s["grad_norm"] = distributed.clip_grad_norm_(self.policy.parameters(), cfg.train.max_grad_norm)
             if not (math.isfinite(s["loss"]) and math.isfinite(s["grad_norm"])):
@@ -387,7 +384,7 @@ class Trainer:
             self.opt.step()
             if i == 0 and "entropy" in s:
                 first_entropy = s["entropy"]
-            _accumulate(stats, s, cfg.mu)
+            _accumulate(stats, s, mu)
         if "entropy" in stats:
             stats["entropy"] = first_entropy
         if not warmup:
@@ -491,7 +488,7 @@ class Trainer:
         collective when sharded, so every rank calls it)."""
         policy, opt = distributed.full_state(self.policy, self.opt)
         # the reference only differs from the loaded initial weights once it is refreshed
-        ref = distributed.full_state(self.ref)[0] if self.ref is not None and self.cfg.kl.ref_refresh_steps else None
+        ref = distributed.full_state(self.ref)[0] if self.ref is not None and self.algo.kl.ref_refresh_steps else None
         return {"policy": policy, "optimizer": opt, "ref": ref}
 
     def state_dict(self, models: dict | None = None) -> dict:

@@ -8,7 +8,8 @@ Per-token loss (DeepSeekMath eq. 3, written as a loss to minimise; :func:`token_
 
 aggregated with ``loss_agg`` over the *whole* batch's token/sequence counts (:func:`aggregate`),
 so gradient accumulation over micro-batches gives the same gradient as one big batch. Every
-setting is read from the run's config: there is no second copy of the loss settings.
+setting is read from the run's :class:`harness.algo.Algorithm`, built once from the config at
+startup: there is no second copy of the loss settings, and no config is read here.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.algo import POLICY_LOSSES, ROLLOUT_CORRECTIONS, aggregate_loss, kl_penalty, masked_mean
+from harness.algo import Algorithm, masked_mean
+from harness.algo.aggregation import apply_aggregation
 from harness.distributed import idle_backward, idle_passes, is_sharded, logprob_forward, world
 from harness.kv import prompt_groups
 from harness.logprobs import token_logprobs
@@ -148,48 +150,47 @@ def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, quantile: float
     return valid & (entropy.detach() >= threshold)
 
 
-def token_objective(logp, old, ref, advantages, mask, entropy, cfg, loss_params=None, beta=None, weights=None):
-    """The per-token loss of one (micro-)batch, read from the run config.
+def token_objective(logp, old, ref, advantages, mask, entropy, algo: Algorithm, beta=None, weights=None):
+    """The per-token loss of one (micro-)batch under the run's algorithm.
 
     Args:
         logp: ``[B, T]`` current log-probs (requires grad); ``old``: ``[B, T]`` behaviour
             log-probs (``logp.detach()`` on-policy); ``ref``: ``[B, T]`` reference log-probs or
             None; ``advantages``: ``[B, T]``; ``mask``: ``[B, T]`` float loss mask;
-            ``entropy``: ``[B, T]`` per-token entropy (nats); ``cfg``: the run's Config.
-        loss_params: ``cfg.policy_loss`` built into its params dataclass (built here when None).
-        beta: the KL coefficient of this step (the KL controller's; ``cfg.beta`` when None).
+            ``entropy``: ``[B, T]`` per-token entropy (nats); ``algo``: the run's
+            :class:`harness.algo.Algorithm`.
+        beta: the KL coefficient of this step (the KL controller's; ``algo.kl.beta`` when None).
         weights: optional detached ``[B, T]`` per-token weights of the policy loss (the rollout
             correction's importance weights, :mod:`harness.algo.rollout_correction`).
     Returns:
         ``(per_token_loss [B, T], stats)``: the registered policy loss ``policy_loss=<name>``
-        (:mod:`harness.algo.policy_losses`, with ``cfg.policy_loss`` as its params), kept only
-        on the top ``top_entropy_quantile`` of tokens by entropy (:func:`high_entropy_mask`),
+        (:mod:`harness.algo.policy_losses`, with its params), kept only on the top
+        ``top_entropy_quantile`` of tokens by entropy (:func:`high_entropy_mask`),
         ``+ beta * KL`` (``kl.form``, ``kl.clamp``, times ``pi_theta / pi_old`` with
         ``kl.importance_correct``; only when ``kl.placement=loss``)
         ``- entropy_coef * H``; stats as the policy loss's plus ``kl`` and
         ``tokens_selected_frac``.
     """
-    spec = POLICY_LOSSES.spec(cfg.policy_loss.name)
-    p = loss_params if loss_params is not None else spec.build(cfg.policy_loss)
-    beta = cfg.beta if beta is None else beta
-    per_token, stats = spec.fn(logp, old, advantages, mask, p, weights=weights)
-    keep = high_entropy_mask(entropy, mask, cfg.top_entropy_quantile)
+    beta = algo.kl.beta if beta is None else beta
+    per_token, stats = algo.policy_loss(logp, old, advantages, mask, weights=weights)
+    keep = high_entropy_mask(entropy, mask, algo.top_entropy_quantile)
     per_token = per_token * keep
     stats["tokens_selected_frac"] = masked_mean(keep.to(per_token.dtype), mask)
     if ref is not None:
-        kl = kl_penalty(logp, ref, cfg.kl.form, clamp=cfg.kl.clamp,
-                        old_logprobs=old if cfg.kl.importance_correct else None)
-        if cfg.kl.placement == "loss":
+        kl = algo.kl.penalty(logp, ref, old_logprobs=old)
+        if algo.kl.placement == "loss":
             per_token = per_token + beta * kl
         stats["kl"] = masked_mean(kl.detach(), mask)
-    if cfg.entropy_coef:
-        per_token = per_token - cfg.entropy_coef * entropy
+    if algo.entropy_coef:
+        per_token = per_token - algo.entropy_coef * entropy
     return per_token, stats
 
 
-def aggregate(per_token, mask, cfg, norm: dict):
-    """``cfg.loss_agg`` applied with the whole batch's normalisers ``norm`` and the generation cap."""
-    return aggregate_loss(per_token, mask, cfg.loss_agg.name, cfg.loss_agg, max_len=cfg.rollout.max_new_tokens, **norm)
+def aggregate(per_token, mask, algo: Algorithm, norm: dict):
+    """``loss_agg`` of ``algo`` applied with the whole batch's normalisers ``norm``
+    (:func:`global_normalizers`) and the generation cap ``algo.max_len``: a 0-dim tensor."""
+    return apply_aggregation(algo.aggregation.spec, algo.aggregation.params, per_token, mask,
+                             max_len=algo.max_len, **norm)
 
 
 def global_normalizers(mask: torch.Tensor) -> dict:
@@ -202,7 +203,7 @@ def global_normalizers(mask: torch.Tensor) -> dict:
     return {k: max(int(round(v)), 1) for k, v in world().sum_dict(local).items()}
 
 
-def policy_pass(policy, batch: TrainBatch, cfg, micro_batch_size: int, beta=None, logprobs_out=None) -> dict:
+def policy_pass(policy, batch: TrainBatch, algo: Algorithm, micro_batch_size: int, beta=None, logprobs_out=None) -> dict:
     """Accumulate gradients of the policy loss over micro-batches (no optimizer step).
 
     Data-parallel (``torchrun``): ``batch`` is this rank's rows; the normalisers are the global
@@ -211,9 +212,9 @@ def policy_pass(policy, batch: TrainBatch, cfg, micro_batch_size: int, beta=None
     statistics a single process computes on the whole batch.
 
     Args:
-        cfg: the run's Config: the loss is :func:`token_objective` + :func:`aggregate`;
-            ``rollout.temperature``, ``train.logprob_chunk`` and ``train.share_prefix`` set the
-            log-prob forward.
+        algo: the run's :class:`harness.algo.Algorithm`: the loss is :func:`token_objective` +
+            :func:`aggregate`, the rollout correction weighs it; ``algo.forward`` (temperature,
+            chunk, prefix sharing, precision) sets the log-prob forward.
         logprobs_out: optional ``[B, T]`` tensor filled with the pass's log-probs (detached, 0 past
             each row's trimmed length), e.g. for :class:`harness.trainer.StepRecord`.
     Returns:
@@ -226,10 +227,8 @@ def policy_pass(policy, batch: TrainBatch, cfg, micro_batch_size: int, beta=None
     """
     norm = global_normalizers(batch.loss_mask)
     total_tokens = max(norm["num_tokens"], 1.0)
-    share = cfg.train.share_prefix
-    loss_params = POLICY_LOSSES.spec(cfg.policy_loss.name).build(cfg.policy_loss)
-    correction = ROLLOUT_CORRECTIONS.spec(cfg.rollout_correction.name)
-    correction_params = correction.build(cfg.rollout_correction)
+    fwd, correction = algo.forward, algo.rollout_correction
+    share = fwd.share_prefix
     sums: dict[str, float] = {}
     forward = logprob_forward(policy)  # the FSDP2 root when sharded (harness.distributed.shard)
     mbs = list(micro_batches(batch, micro_batch_size, share))
@@ -239,11 +238,10 @@ def policy_pass(policy, batch: TrainBatch, cfg, micro_batch_size: int, beta=None
     for idx, mb in mbs:
         mb = mb.to(dev)  # the batch stays on CPU; each micro-batch visits the model's device
         mask = mb.loss_mask.float()
-        with autocast(cfg.train.precision, dev.type):  # bf16 matmuls; log-probs and everything after in fp32 (fp64)
+        with autocast(fwd.precision, dev.type):  # bf16 matmuls; log-probs and everything after in fp32 (fp64)
             logp, entropy = forward(
                 mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.loss_mask,
-                temperature=cfg.rollout.temperature, chunk=cfg.train.logprob_chunk, with_entropy=True,
-                share_prefix=share,
+                temperature=fwd.temperature, chunk=fwd.chunk, with_entropy=True, share_prefix=share,
             )
         old = mb.old_logprobs if mb.old_logprobs is not None else logp.detach()
         if logprobs_out is not None:
@@ -254,12 +252,11 @@ def policy_pass(policy, batch: TrainBatch, cfg, micro_batch_size: int, beta=None
                 raise ValueError(f"rollout_correction={correction.name}: the rollout backend reported no sampler "
                                  "log-probs (greedy sampling?); use rollout_correction=none")
             # the behaviour policy as the trainer computes it vs the sampler: fixed for all mu passes
-            weights = correction.fn((old - mb.sampler_logprobs) * mask, mask, correction_params)
-        per_token, stats = token_objective(logp, old, mb.ref_logprobs, mb.advantages, mask, entropy, cfg, loss_params,
-                                           beta, weights)
+            weights = correction((old - mb.sampler_logprobs) * mask, mask)
+        per_token, stats = token_objective(logp, old, mb.ref_logprobs, mb.advantages, mask, entropy, algo, beta, weights)
         if weights is not None:
             stats["rollout_is_weight_mean"] = masked_mean(weights, mask)
-        loss = aggregate(per_token, mask, cfg, norm)
+        loss = aggregate(per_token, mask, algo, norm)
         loss.backward()
         stats["entropy"] = masked_mean(entropy.detach(), mask)
         stats["loss"] = loss.detach() * 1.0  # summed over micro-batches = full-batch loss
@@ -270,7 +267,7 @@ def policy_pass(policy, batch: TrainBatch, cfg, micro_batch_size: int, beta=None
         bar.update(1)
     bar.close()
     for _ in range(idle):
-        with autocast(cfg.train.precision, dev.type):
+        with autocast(fwd.precision, dev.type):
             idle_backward(policy, share)
     if is_sharded(policy):  # summed over ranks: zero-loss passes spent waiting for the busiest rank
         sums["idle_passes"] = float(idle)

@@ -8,8 +8,8 @@ import os
 
 import torch
 
-from harness.algo import (GROUP_FILTERS, KL_CONTROLLERS, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES,
-                          ROLLOUT_CORRECTIONS, TOKEN_ESTIMATORS, AdvantageContext, aggregate_loss, requires_groups)
+from harness.algo import (KL_CONTROLLERS, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, TOKEN_ESTIMATORS,
+                          build_algorithm, dry_run)
 from harness.algo.kl import IMPORTANCE_CORRECTABLE
 from harness.checkpoint import KEEP_FINAL
 from harness.config import KLConfig
@@ -52,34 +52,11 @@ def _unread(node, prefix: str, schema, keys, why: str) -> None:
 
 
 def _dry_run(cfg) -> None:
-    """Run the configured estimator and aggregation once on a 2-prompt synthetic batch.
-
-    Every check a variant makes of its own params (``advantage.scale=global``,
-    ``advantage.baseline=median``, ...) then fails here, before any model is loaded, with the
-    variant's own message; the valid values are written down once, in the variant.
-    """
-    G = max(int(cfg.group_size), 1)
-    spec = TOKEN_ESTIMATORS.spec(cfg.advantage.name)
-    mask = torch.ones(2 * G, 3)
-    scores = torch.arange(2 * G, dtype=torch.float32).view(2, G) % 2
-    token_rewards = torch.zeros(2 * G, 3)
-    token_rewards[:, -1] = scores.reshape(-1)
-    ctx = AdvantageContext(scores=scores, token_rewards=token_rewards, mask=mask,
-                           values=torch.zeros(2 * G, 3) if "values" in spec.needs else None,
-                           step_rewards=[[(2, 1.0)]] * (2 * G) if "step_rewards" in spec.needs else None,
-                           greedy_scores=torch.tensor([0.5, 0.0]) if "greedy" in spec.needs else None)
-    loss = POLICY_LOSSES.spec(cfg.policy_loss.name)
-    logp = -torch.rand(2 * G, 3, generator=torch.Generator().manual_seed(0)) - 0.1
+    """Build the run's algorithm (:func:`harness.algo.build_algorithm`) and run it once on a
+    synthetic batch (:func:`harness.algo.dry_run`): every check a variant makes of its own
+    params fails here, before any model is loaded, with the variant's own message."""
     try:
-        adv = spec.fn(ctx, spec.build(cfg.advantage)).advantages
-        loss.fn(logp.requires_grad_(), logp.detach() - 0.05, adv, mask, loss.build(cfg.policy_loss))
-        aggregate_loss(torch.ones(2 * G, 3), mask, cfg.loss_agg.name, cfg.loss_agg,
-                       max_len=cfg.rollout.max_new_tokens)
-        flt = GROUP_FILTERS.spec(cfg.group_filter.name)
-        flt.fn(scores, flt.build(cfg.group_filter))
-        KL_CONTROLLERS.get(cfg.kl.controller)(1.0, 0.1, 1, cfg.kl.target, cfg.kl.horizon)
-        corr = ROLLOUT_CORRECTIONS.spec(cfg.rollout_correction.name)
-        corr.fn(torch.zeros(2 * G, 3), mask, corr.build(cfg.rollout_correction))
+        dry_run(build_algorithm(cfg), cfg.group_size)
     except ValueError as e:
         raise ConfigError(str(e)) from None
 
@@ -141,7 +118,8 @@ def validate(cfg) -> None:
                "sharded weights into that engine is not implemented; use rollout=hf")
     _choice("train.lr_schedule", cfg.train.lr_schedule, ["constant", "linear", "cosine"])
     _choice("checkpoint.keep_final", cfg.checkpoint.keep_final, KEEP_FINAL)
-    if requires_groups(cfg.advantage.name):
+    estimator = TOKEN_ESTIMATORS.spec(cfg.advantage.name)
+    if estimator.grouped:
         _check(cfg.group_size >= 2, f"group_size={cfg.group_size} with advantage={cfg.advantage.name}: "
                "a group estimator needs group_size >= 2 (a singleton group has no baseline)")
     _check(cfg.group_size >= 1, f"group_size={cfg.group_size}: expected >= 1")
@@ -165,14 +143,13 @@ def validate(cfg) -> None:
     if prescribed and prescribed != cfg.loss_agg.name:
         log.warning("policy_loss=%s prescribes loss_agg=%s (its paper's averaging); this run uses loss_agg=%s",
                     cfg.policy_loss.name, prescribed, cfg.loss_agg.name)
-    spec = TOKEN_ESTIMATORS.spec(cfg.advantage.name)
     _choice("critic.init", cfg.critic.init, ["policy", "random"])
     _check(cfg.critic.lr > 0, f"critic.lr={cfg.critic.lr}: expected > 0")
-    if "values" not in spec.needs:  # a critic knob with no critic would silently do nothing
+    if "values" not in estimator.needs:  # a critic knob with no critic would silently do nothing
         _unread(cfg.critic, "critic", CriticConfig, [f.name for f in dataclasses.fields(CriticConfig)],
                 f"advantage={cfg.advantage.name} uses no critic (only estimators that need values, "
                 "e.g. advantage=ppo, build one)")
     if cfg.kl.placement == "reward" and cfg.beta > 0:
-        _check("step_rewards" not in spec.needs,
+        _check("step_rewards" not in estimator.needs,
                f"kl.placement=reward is not defined for advantage={cfg.advantage.name} (step rewards)")
     _dry_run(cfg)

@@ -6,17 +6,16 @@ import pytest
 import torch
 
 from harness.algo import (
-    OUTCOME_ESTIMATORS,
     TOKEN_ESTIMATORS,
     AdvantageContext,
     compute_advantages,
     estimate_advantages,
     masked_mean,
     masked_whiten,
+    outcome_names,
     pass_at_k,
     requires_groups,
 )
-from harness.algo.advantages import outcome_requires_groups
 from harness.algo.registry import Registry
 from harness.algo.utils import explained_variance, masked_var
 
@@ -171,7 +170,7 @@ def test_max_rl_divides_the_centred_reward_by_the_group_mean():
     # a mean that is zero up to float32 rounding is not divided by (prime-rl would give ~2^31)
     tiny = torch.tensor([[1.0, -1.0 + 2.0 ** -30]], **f64)
     assert compute_advantages(tiny, "max_rl").tolist() == [[0.0, 0.0]]
-    assert OUTCOME_ESTIMATORS.requires_groups("max_rl")
+    assert TOKEN_ESTIMATORS.requires_groups("max_rl")
 
 
 def test_gpg_rescales_the_centred_reward_by_b_over_b_minus_m():
@@ -205,10 +204,13 @@ def test_requires_groups():
     assert requires_groups("process") and requires_groups("reinforce_pp_baseline")
     assert not requires_groups("reinforce") and not requires_groups("reinforce_pp")
     assert not requires_groups("ppo")
-    assert outcome_requires_groups("grpo") and not outcome_requires_groups("reinforce")
     with pytest.raises(ValueError, match="grpo"):
         requires_groups("nope")
-    assert set(OUTCOME_ESTIMATORS.names()) <= set(TOKEN_ESTIMATORS.names())
+    # one registry: the outcome estimators are registered in it (broadcast to tokens), once
+    assert {"grpo", "mean_only", "rloo", "reinforce", "grpo_passk", "max_rl", "gpg"} == set(outcome_names())
+    assert set(outcome_names()) < set(TOKEN_ESTIMATORS.names())
+    with pytest.raises(ValueError, match="token-level"):
+        compute_advantages(ONE_HOT, "ppo")
 
 
 def test_grpo_eps_enters_the_advantage():

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from harness.algo import LOSS_AGGREGATIONS, aggregate_loss, policy_loss, value_loss
-from harness.algo.losses import aggregation_normalizers
+from harness.algo.aggregation import aggregation_normalizers
 
 
 def _pl(ratio, adv, **kw):

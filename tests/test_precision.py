@@ -22,13 +22,14 @@ def _batch(tokenizer, B=4, Tp=5, Tc=6, seed=0):
 
 
 def _matmul_dtypes(model, cfg, batch):
+    from harness.algo import build_algorithm
     from harness.update import policy_pass
 
     seen = []
     hooks = [m.register_forward_hook(lambda mod, i, o: seen.append(o.dtype))
              for m in model.modules() if isinstance(m, torch.nn.Linear)]
     model.zero_grad()
-    stats = policy_pass(model, batch, cfg, 2)
+    stats = policy_pass(model, batch, build_algorithm(cfg), 2)
     for h in hooks:
         h.remove()
     grads = [p.grad.dtype for p in model.parameters() if p.grad is not None]

@@ -1,8 +1,8 @@
 """Golden values: on one fixed batch, each recipe's advantages and loss equal the convention it
 claims to reproduce, written out by hand here from the peer's published code (not from ours).
 
-The harness side is the trainer's own path: ``shape_rewards`` -> the registered estimator with
-``cfg.advantage`` -> ``token_objective`` + ``aggregate`` with the whole-batch normalisers.
+The harness side is the trainer's own path: the recipe's :class:`harness.algo.Algorithm` through
+``shape_rewards`` -> its estimator -> ``token_objective`` + ``aggregate`` with the whole-batch normalisers.
 The batch has unequal lengths, ratios on both sides of every clip bound, negative advantages
 with large ratios (dual-clip) and one token whose k3 exceeds 10 (the KL clamp).
 """
@@ -14,8 +14,8 @@ import math
 import pytest
 import torch
 
-from harness.algo import TOKEN_ESTIMATORS, AdvantageContext
-from harness.algo.losses import aggregation_normalizers
+from harness.algo import AdvantageContext, build_algorithm
+from harness.algo.aggregation import aggregation_normalizers
 from harness.rewards import shape_rewards
 from harness.update import aggregate, token_objective
 from tests.conftest import compose
@@ -36,14 +36,14 @@ REF[0, 0] = LOGP[0, 0] + 3.0  # k3 = e^3 - 3 - 1 = 16.1 > 10
 
 def harness_side(recipe, rewards=REWARDS):
     cfg = compose(f"recipe={recipe}", f"group_size={G}", f"rollout.max_new_tokens={MAX_NEW}")
+    algo = build_algorithm(cfg)
     ref = REF if cfg.beta > 0 else None
-    scores, token_rewards = shape_rewards(rewards, MASK, OLD, ref, cfg)
-    spec = TOKEN_ESTIMATORS.spec(cfg.advantage.name)
+    scores, token_rewards = shape_rewards(rewards, MASK, OLD, ref, algo.kl)
     ctx = AdvantageContext(scores=scores.view(-1, G), token_rewards=token_rewards, mask=MASK)
-    adv = spec.fn(ctx, spec.build(cfg.advantage)).advantages
+    adv = algo.estimator(ctx).advantages
     logp = LOGP.clone().requires_grad_()
-    per_token, _ = token_objective(logp, OLD, ref, adv, MASK, torch.zeros_like(LOGP), cfg)
-    loss = aggregate(per_token, MASK, cfg, aggregation_normalizers(MASK))
+    per_token, _ = token_objective(logp, OLD, ref, adv, MASK, torch.zeros_like(LOGP), algo)
+    loss = aggregate(per_token, MASK, algo, aggregation_normalizers(MASK))
     return cfg, adv, float(loss)
 
 

@@ -8,6 +8,7 @@ its rounding noise (the tolerances below, ~100x float32's 1e-7 for a 2-layer for
 import pytest
 import torch
 
+from harness.algo import build_algorithm
 from harness.critic import ValueModel
 from harness.kv import prompt_groups
 from harness.logprobs import token_logprobs
@@ -85,8 +86,9 @@ def test_policy_pass_gradient_same_with_and_without_sharing(tokenizer, dtype, to
     grads = []
     for share in (False, True):
         model = tiny_llama(tokenizer, dtype=dtype)
-        s = compose("policy_loss.epsilon=0.2", "beta=0.0", "entropy_coef=0.01", "loss_agg=seq-mean-token-mean",
-                    "rollout.temperature=0.7", "train.logprob_chunk=4", f"train.share_prefix={share}")
+        s = build_algorithm(compose("policy_loss.epsilon=0.2", "beta=0.0", "entropy_coef=0.01",
+                                    "loss_agg=seq-mean-token-mean", "rollout.temperature=0.7", "train.logprob_chunk=4",
+                                    f"train.share_prefix={share}"))
         stats = policy_pass(model, TrainBatch(p_ids, p_mask, c_ids, c_mask, adv), s, micro_batch_size=4)
         grads.append(_grads(model))
         assert abs(stats["ratio_mean"] - 1.0) < 1e-6  # on-policy

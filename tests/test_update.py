@@ -8,6 +8,7 @@ float32 rounding noise (~1e-7 per operation, summed over the batch's tokens).
 import pytest
 import torch
 
+from harness.algo import build_algorithm
 from harness.update import TrainBatch, batched_logprobs, policy_pass
 from tests.conftest import compose, tiny_llama
 
@@ -27,9 +28,9 @@ def _batch(tokenizer, B=6, Tp=5, Tc=7, seed=0):
 
 
 def _settings(*overrides):
-    """The run config the loss reads (there is no separate loss-settings object)."""
-    return compose("policy_loss.epsilon=0.05", "beta=0.0", "train.logprob_chunk=4", "train.share_prefix=false",
-                   "rollout.temperature=1.0", *overrides)
+    """The algorithm the loss reads, built from a run config (there is no second copy of the settings)."""
+    return build_algorithm(compose("policy_loss.epsilon=0.05", "beta=0.0", "train.logprob_chunk=4", "train.share_prefix=false",
+                   "rollout.temperature=1.0", *overrides))
 
 
 def test_mu1_ratio_exactly_one_and_mu2_clips(tokenizer):

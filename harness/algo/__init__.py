@@ -1,33 +1,38 @@
 """Core RL math for grpo-harness: advantage estimators, KL penalties, policy/value
-losses and loss aggregation, each selectable by a config string through a registry.
+losses and loss aggregation, each selectable by a config string through a registry, and the
+:class:`Algorithm` a run builds from them once (:mod:`.algorithm`).
+
+One module per concept: the estimator registry (:mod:`.estimators`) with the outcome estimators
+(:mod:`.advantages`, :mod:`.rescaled`) and the token-level ones (:mod:`.token_estimators`);
+the policy losses (:mod:`.policy_losses`, sharing the clipped surrogate of :mod:`.surrogate`);
+the aggregations (:mod:`.aggregation`); the KL estimators and controllers (:mod:`.kl`); the
+rollout corrections (:mod:`.rollout_correction`); the group filters (:mod:`.filters`); the
+critic's value loss (:mod:`.value_loss`) and GAE (:mod:`.gae`).
 
 Conventions: ``[B, T]`` token tensors (right-padded, ``mask`` = 1 at real
 tokens), ``[P, G]`` prompt groups with ``B = P * G`` and group-major rows
 (row ``b = p * G + g``).
 """
 
-from .advantages import OUTCOME_ESTIMATORS, compute_advantages, outcome_requires_groups
-from .gae import gae, reinforce_pp_returns
-from .kl import KL_CONTROLLERS, KL_ESTIMATORS, kl_penalty
-from .losses import (
-    LOSS_AGGREGATIONS,
-    RATIO_LEVELS,
-    aggregate_loss,
-    aggregation_normalizers,
-    policy_loss,
-    value_loss,
-)
-from .filters import GROUP_FILTERS
-from .rollout_correction import ROLLOUT_CORRECTIONS, mismatch_stats
-from .policy_losses import POLICY_LOSSES
-from .registry import Registry
-from .token_estimators import (
+from .estimators import (
     TOKEN_ESTIMATORS,
     AdvantageContext,
     AdvantageOutput,
+    compute_advantages,
     estimate_advantages,
+    outcome_names,
     requires_groups,
 )
+from . import advantages, rescaled, token_estimators  # noqa: F401  (register their estimators)
+from .aggregation import LOSS_AGGREGATIONS, aggregate_loss, aggregation_normalizers
+from .algorithm import Algorithm, Choice, KLTerm, LogprobForward, build_algorithm, dry_run
+from .filters import GROUP_FILTERS
+from .gae import gae, reinforce_pp_returns
+from .kl import KL_CONTROLLERS, KL_ESTIMATORS, kl_penalty
+from .policy_losses import POLICY_LOSSES
+from .registry import Registry
+from .rollout_correction import ROLLOUT_CORRECTIONS, mismatch_stats
+from .surrogate import RATIO_LEVELS, policy_loss
 from .utils import (
     explained_variance,
     masked_mean,
@@ -37,8 +42,15 @@ from .utils import (
     masked_whiten,
     pass_at_k,
 )
+from .value_loss import value_loss
 
 __all__ = [
+    "Algorithm",
+    "Choice",
+    "KLTerm",
+    "LogprobForward",
+    "build_algorithm",
+    "dry_run",
     "ROLLOUT_CORRECTIONS",
     "mismatch_stats",
     "compute_advantages",
@@ -60,9 +72,8 @@ __all__ = [
     "pass_at_k",
     "maj_at_k",
     "requires_groups",
-    "outcome_requires_groups",
+    "outcome_names",
     "Registry",
-    "OUTCOME_ESTIMATORS",
     "TOKEN_ESTIMATORS",
     "KL_ESTIMATORS",
     "KL_CONTROLLERS",

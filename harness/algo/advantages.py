@@ -4,10 +4,11 @@
 is the scalar reward of completion ``g`` of prompt ``p``. Flattened batches are
 group-major: row ``b = p * G + g``.
 
-Each estimator is a small function registered by name in
-``OUTCOME_ESTIMATORS`` with its params dataclass and the signature
-``fn(rewards, valid, params, state) -> [P, G]``;
-:func:`compute_advantages` validates inputs and dispatches by config string.
+Each estimator is a small function with the signature
+``fn(rewards, valid, params, state) -> [P, G]``, registered by name in the one estimator
+registry with its params dataclass (:func:`harness.algo.estimators.outcome_estimator`, which
+also registers its token-level form);
+:func:`harness.algo.estimators.compute_advantages` validates inputs and dispatches by config string.
 
 Rules shared by all estimators:
 
@@ -26,19 +27,8 @@ from typing import Callable, Dict, Optional
 import torch
 from torch import Tensor
 
-from .registry import Registry
-from .utils import masked_mean, masked_var, shape_str
-
-OUTCOME_ESTIMATORS: Registry = Registry("outcome estimator")
-
-
-def outcome_requires_groups(name: str) -> bool:
-    """True if outcome estimator ``name`` needs groups of ``G >= 2`` completions.
-
-    Raises:
-        ValueError: if ``name`` is not a registered outcome estimator (lists valid names).
-    """
-    return OUTCOME_ESTIMATORS.requires_groups(name)
+from .estimators import outcome_estimator
+from .utils import masked_mean, masked_var
 
 
 # --------------------------------------------------------------------------- helpers
@@ -134,7 +124,7 @@ def _grpo_invariances(p: "GRPOParams"):
     return {*_GROUP_BASE, "scale_equivariant" if p.scale == "none" else "scale"}
 
 
-@OUTCOME_ESTIMATORS.register("grpo", params=GRPOParams, grouped=True, invariances=_grpo_invariances)
+@outcome_estimator("grpo", params=GRPOParams, grouped=True, invariances=_grpo_invariances)
 def grpo_advantages(rewards: Tensor, valid: Tensor, p: GRPOParams, state: Optional[Dict] = None) -> Tensor:
     """GRPO group-normalised advantage.
 
@@ -160,7 +150,7 @@ def grpo_advantages(rewards: Tensor, valid: Tensor, p: GRPOParams, state: Option
     return _finalise(adv, valid, degenerate)
 
 
-@OUTCOME_ESTIMATORS.register("mean_only", params=MeanOnlyParams, grouped=True,
+@outcome_estimator("mean_only", params=MeanOnlyParams, grouped=True,
                              invariances=(*_GROUP_BASE, "scale_equivariant"))
 def mean_only_advantages(rewards: Tensor, valid: Tensor, p: MeanOnlyParams, state: Optional[Dict] = None) -> Tensor:
     """Dr. GRPO advantage: group-mean baseline without std normalisation.
@@ -217,7 +207,7 @@ def leave_one_out_stats(rewards: Tensor, valid: Tensor, unbiased: bool = False):
 
 
 # loo_std is neither scale-invariant nor equivariant: a member whose others agree keeps r - b unscaled
-@OUTCOME_ESTIMATORS.register("rloo", params=RLOOParams, grouped=True, invariances=lambda p: {
+@outcome_estimator("rloo", params=RLOOParams, grouped=True, invariances=lambda p: {
     *_GROUP_BASE, *(() if p.scale == "loo_std" else ("scale_equivariant",))})
 def rloo_advantages(rewards: Tensor, valid: Tensor, p: RLOOParams, state: Optional[Dict] = None) -> Tensor:
     """REINFORCE leave-one-out advantage, optionally scaled by the leave-one-out std.
@@ -276,7 +266,7 @@ _REINFORCE_BASELINES: Dict[str, Callable] = {
 }
 
 
-@OUTCOME_ESTIMATORS.register("reinforce", params=ReinforceParams, grouped=False, invariances=lambda p: {
+@outcome_estimator("reinforce", params=ReinforceParams, grouped=False, invariances=lambda p: {
     "none": ("permutation", "scale_equivariant"), "batch_mean": ("permutation", "shift", "scale_equivariant"),
     "ema": ("permutation",)}[p.baseline])
 def reinforce_advantages(rewards: Tensor, valid: Tensor, p: ReinforceParams, state: Optional[Dict] = None) -> Tensor:
@@ -313,7 +303,7 @@ class GRPOPassKParams:
     scale: bool = True  # divide by the group's std (verl norm_adv_by_std_in_grpo)
 
 
-@OUTCOME_ESTIMATORS.register("grpo_passk", params=GRPOPassKParams, grouped=True, invariances=lambda p: {
+@outcome_estimator("grpo_passk", params=GRPOPassKParams, grouped=True, invariances=lambda p: {
     *_GROUP_BASE, "scale" if p.scale else "scale_equivariant"})
 def grpo_passk_advantages(rewards: Tensor, valid: Tensor, p: GRPOPassKParams, state: Optional[Dict] = None) -> Tensor:
     """Pass@k advantage: only the group's best completion is credited.
@@ -342,59 +332,7 @@ def grpo_passk_advantages(rewards: Tensor, valid: Tensor, p: GRPOPassKParams, st
     return _finalise(adv, valid, degenerate)
 
 
-# --------------------------------------------------------------------------- dispatch
-
-
-def compute_advantages(
-    rewards: Tensor, estimator: str, *, valid: Optional[Tensor] = None, params=None,
-    state: Optional[Dict] = None, **overrides
-) -> Tensor:
-    """Outcome advantages for a batch of prompt groups, estimator chosen by name.
-
-    Shapes: ``rewards``: ``[P, G]`` float (row-major groups; flatten with
-    ``.reshape(-1)`` to get group-major ``[B]``); ``valid``: ``[P, G]`` bool or
-    None (all valid) -> advantages ``[P, G]`` in rewards' float dtype, 0 where
-    ``valid`` is False.
-
-    ``estimator`` is one of ``OUTCOME_ESTIMATORS.names()`` (grpo, mean_only,
-    rloo, reinforce, grpo_passk, and from :mod:`harness.algo.rescaled` max_rl, gpg); ``params`` an instance (or mapping) of its params dataclass,
-    and ``overrides`` replace single fields (``compute_advantages(r, "grpo", eps=0.0)``).
-    ``state`` is the persistent dict of stateful estimators (reinforce's EMA).
-
-    Raises:
-        ValueError: unknown ``estimator`` (lists valid names); a parameter that is not
-            a field of the estimator's params (lists accepted ones); ``rewards`` not a
-            2-D tensor; ``valid`` of a different shape; non-finite valid rewards;
-            ``G < 2`` for a group estimator ("group_size must be >= 2 for
-            estimator 'grpo'"); any estimator-specific ValueError.
-    """
-    spec = OUTCOME_ESTIMATORS.spec(estimator)
-    p = spec.build(params, **overrides)
-    if not isinstance(rewards, Tensor) or rewards.dim() != 2:
-        got = shape_str(rewards) if isinstance(rewards, Tensor) else type(rewards).__name__
-        raise ValueError(f"rewards must be a [P, G] tensor, got {got}")
-    if not rewards.is_floating_point():
-        rewards = rewards.to(torch.get_default_dtype())
-    if valid is None:
-        valid = torch.ones_like(rewards, dtype=torch.bool)
-    elif not isinstance(valid, Tensor) or valid.shape != rewards.shape:
-        got = shape_str(valid) if isinstance(valid, Tensor) else type(valid).__name__
-        raise ValueError(f"valid must be a bool tensor of shape {shape_str(rewards)}, got {got}")
-    valid = valid.to(torch.bool)
-    if spec.grouped and rewards.shape[1] < 2:
-        raise ValueError(
-            f"group_size must be >= 2 for estimator {estimator!r}, got G={rewards.shape[1]}"
-        )
-    if not bool(torch.isfinite(rewards[valid]).all()):
-        raise ValueError("rewards must be finite at valid positions (found NaN or inf)")
-    # Convention: the group statistics are computed in float64 (see token_estimators.in_float64).
-    return spec.fn(rewards.to(torch.float64), valid, p, state).to(rewards.dtype)
-
-
 __all__ = [
-    "OUTCOME_ESTIMATORS",
-    "compute_advantages",
-    "outcome_requires_groups",
     "grpo_advantages",
     "mean_only_advantages",
     "rloo_advantages",

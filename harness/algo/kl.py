@@ -31,7 +31,7 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
-from .registry import Registry
+from .registry import Registry, Variant
 from .utils import shape_str
 
 KL_ESTIMATORS: Registry = Registry("KL estimator")
@@ -174,7 +174,23 @@ def kl_penalty(
             ``logprobs``, ``ref_logprobs``, ``old_logprobs`` and ``mask``; ``clamp <= 0``;
             ``old_logprobs`` with a form not in ``IMPORTANCE_CORRECTABLE``.
     """
-    fn = KL_ESTIMATORS.get(form)
+    return estimate_kl(KL_ESTIMATORS.spec(form), logprobs, ref_logprobs, clamp=clamp, mask=mask,
+                       old_logprobs=old_logprobs)
+
+
+def estimate_kl(
+    estimator: Variant,
+    logprobs: Tensor,
+    ref_logprobs: Tensor,
+    *,
+    clamp: Optional[float] = None,
+    mask: Optional[Tensor] = None,
+    old_logprobs: Optional[Tensor] = None,
+) -> Tensor:
+    """:func:`kl_penalty` with the form already looked up (``estimator``: a ``KL_ESTIMATORS``
+    record, as :class:`harness.algo.Algorithm` holds it). Shapes, arguments and errors as
+    :func:`kl_penalty`."""
+    form, fn = estimator.name, estimator.fn
     if not isinstance(logprobs, Tensor) or not isinstance(ref_logprobs, Tensor):
         raise ValueError("logprobs and ref_logprobs must be torch.Tensors")
     if logprobs.shape != ref_logprobs.shape:
@@ -243,5 +259,5 @@ def adaptive_kl_coef(beta: float, current_kl: float, n_samples: int, target: flo
     return max(0.0, beta * (1.0 + err * n_samples / horizon))
 
 
-__all__ = ["KL_ESTIMATORS", "KL_CONTROLLERS", "IMPORTANCE_CORRECTABLE", "kl_penalty", "kl_k1", "kl_k2", "kl_k3",
+__all__ = ["KL_ESTIMATORS", "KL_CONTROLLERS", "IMPORTANCE_CORRECTABLE", "kl_penalty", "estimate_kl", "kl_k1", "kl_k2", "kl_k3",
            "kl_k1_st", "kl_k3_st", "fixed_kl_coef", "adaptive_kl_coef"]

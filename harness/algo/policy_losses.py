@@ -35,9 +35,9 @@ from typing import Dict, Optional, Tuple
 import torch
 from torch import Tensor
 
-from .losses import _check_like, _zero_masked, policy_loss, token_advantages, token_log_ratio
 from .registry import Registry
-from .utils import masked_mean
+from .surrogate import policy_loss, token_advantages, token_log_ratio
+from .utils import check_like, masked_mean, zero_masked
 
 POLICY_LOSSES: Registry = Registry("policy loss")
 
@@ -50,14 +50,14 @@ Stats = Dict[str, Tensor]
 
 def _weighted(loss: Tensor, weights: Optional[Tensor], mask: Tensor) -> Tensor:
     if weights is not None:
-        _check_like(loss, "per_token_loss", weights=weights)
+        check_like(loss, "per_token_loss", weights=weights)
         loss = loss * weights.detach()
-    return _zero_masked(loss, mask)
+    return zero_masked(loss, mask)
 
 
 def _ratio_stats(logprobs, old_logprobs, mask) -> Stats:
     with torch.no_grad():
-        lr = _zero_masked(token_log_ratio(logprobs.detach(), old_logprobs, mask), mask)
+        lr = zero_masked(token_log_ratio(logprobs.detach(), old_logprobs, mask), mask)
         return {"ratio_mean": masked_mean(torch.exp(lr), mask), "approx_kl": masked_mean(torch.expm1(lr) - lr, mask)}
 
 
@@ -98,7 +98,7 @@ def ppo_clip(logprobs, old_logprobs, advantages, mask, p: PPOClipParams, weights
     ``L = -min(r A, clip(r, 1 - eps, 1 + eps_high) A)``, and ``min(L, -c A)`` where ``A < 0``;
     two-sided clipping (INTELLECT-2, arXiv 2505.07291, delta in sec. 4.1; TRL ``delta``): the
     unclipped term's ``r`` capped at ``delta``. Formula and stats:
-    :func:`harness.algo.losses.policy_loss` (token ratio).
+    :func:`harness.algo.surrogate.policy_loss` (token ratio).
 
     Raises:
         ValueError: shape mismatch, negative epsilon, ``dual_clip <= 1``, ``delta <= 1``.
@@ -227,7 +227,7 @@ def gmpo(logprobs, old_logprobs, advantages, mask, p: GMPOParams, weights=None) 
     hi = p.epsilon if p.epsilon_high is None else p.epsilon_high
     _check_eps("epsilon_high", hi)
     adv = token_advantages(logprobs, old_logprobs, advantages, mask)
-    lr = _zero_masked(logprobs - old_logprobs, mask)
+    lr = zero_masked(logprobs - old_logprobs, mask)
     sgn = torch.sign(adv)
     clamped = lr.clamp(-p.epsilon, hi)
     lr_min = sgn * torch.minimum(sgn * lr, sgn * clamped)
@@ -237,7 +237,7 @@ def gmpo(logprobs, old_logprobs, advantages, mask, p: GMPOParams, weights=None) 
     seq_loss = -seq_adv * seq_ratio
     if weights is not None:
         seq_loss = seq_loss * torch.exp((torch.log(weights.detach() + 1e-10) * mask).sum(-1) / n)
-    loss = _zero_masked(seq_loss.unsqueeze(-1).expand_as(lr), mask)
+    loss = zero_masked(seq_loss.unsqueeze(-1).expand_as(lr), mask)
     stats = _ratio_stats(logprobs, old_logprobs, mask)
     stats.update(_sided(lr < clamped, lr > clamped, mask))
     return loss, stats
@@ -315,7 +315,7 @@ def kl_cov(logprobs, old_logprobs, advantages, mask, p: KLCovParams, weights=Non
     if not p.kl_cov_ratio > 0:
         raise ValueError(f"policy_loss.kl_cov_ratio must be > 0, got {p.kl_cov_ratio}")
     adv = token_advantages(logprobs, old_logprobs, advantages, mask)
-    lr = _zero_masked(token_log_ratio(logprobs, old_logprobs, mask), mask)
+    lr = zero_masked(token_log_ratio(logprobs, old_logprobs, mask), mask)
     loss = -adv * torch.exp(lr)
     with torch.no_grad():
         cov = _covariance(adv, logprobs, mask).masked_fill(mask == 0, -torch.inf)
@@ -401,7 +401,7 @@ def vespo(logprobs, old_logprobs, advantages, mask, p: VESPOParams, weights=None
             raise ValueError(f"policy_loss.{key} must be > 0, got {getattr(p, key)}")
     adv = token_advantages(logprobs, old_logprobs, advantages, mask)
     with torch.no_grad():
-        lr = _zero_masked(token_log_ratio(logprobs.detach(), old_logprobs, mask).clamp(-20.0, 20.0), mask)
+        lr = zero_masked(token_log_ratio(logprobs.detach(), old_logprobs, mask).clamp(-20.0, 20.0), mask)
         log_w = lr.sum(dim=1, keepdim=True).clamp(_LOG_W_MIN, _LOG_W_MAX)  # [B, 1]
         pos = adv >= 0
         k = torch.where(pos, torch.full_like(adv, p.k_pos), torch.full_like(adv, p.k_neg))

@@ -4,7 +4,7 @@
 * ``gpg``: multiplied by the batch factor ``alpha = B / (B - M)`` that undoes the dilution of
   the gradient by zero-advantage groups (GPG).
 
-Same conventions as :mod:`harness.algo.advantages` (registered in ``OUTCOME_ESTIMATORS``,
+Same conventions as :mod:`harness.algo.advantages` (registered with ``outcome_estimator``,
 signature ``fn(rewards, valid, params, state)``, called in float64 by ``compute_advantages``;
 invalid completions get 0 and leave every statistic; a degenerate group gets exactly 0).
 """
@@ -17,7 +17,8 @@ from typing import Dict, Optional
 import torch
 from torch import Tensor
 
-from .advantages import LOO_STD_ZERO_RTOL, OUTCOME_ESTIMATORS, _finalise, _group_stats
+from .advantages import LOO_STD_ZERO_RTOL, _finalise, _group_stats
+from .estimators import outcome_estimator
 from .utils import masked_var
 
 
@@ -33,7 +34,7 @@ class MaxRLParams:
 MAX_RL_ZERO_RTOL = LOO_STD_ZERO_RTOL
 
 
-@OUTCOME_ESTIMATORS.register("max_rl", params=MaxRLParams, grouped=True,
+@outcome_estimator("max_rl", params=MaxRLParams, grouped=True,
                              invariances=("permutation", "scale", "constant_zero"))
 def max_rl_advantages(rewards: Tensor, valid: Tensor, p: MaxRLParams, state: Optional[Dict] = None) -> Tensor:
     """MaxRL advantage: the group-centred reward divided by the group mean.
@@ -87,7 +88,7 @@ def _gpg_invariances(p: "GPGParams"):
     return out
 
 
-@OUTCOME_ESTIMATORS.register("gpg", params=GPGParams, grouped=True, invariances=_gpg_invariances)
+@outcome_estimator("gpg", params=GPGParams, grouped=True, invariances=_gpg_invariances)
 def gpg_advantages(rewards: Tensor, valid: Tensor, p: GPGParams, state: Optional[Dict] = None) -> Tensor:
     """GPG advantage: the group-centred reward, rescaled for the batch's zero-advantage groups.
 

@@ -1,181 +1,26 @@
-"""Token-level advantage estimators selectable by config name (the trainer's entry point).
+"""Token-level advantage estimators: ``fn(ctx: AdvantageContext, p) -> AdvantageOutput``.
 
-Every estimator has the uniform signature
-``fn(ctx: AdvantageContext, params) -> AdvantageOutput`` and is registered in
-``TOKEN_ESTIMATORS`` with its params dataclass (the Hydra schema of ``advantage=<name>``) and
-the extra inputs it ``needs``; :func:`estimate_advantages` dispatches by name.
+Registered in the one estimator registry (:mod:`harness.algo.estimators`, ``TOKEN_ESTIMATORS``)
+with their params dataclass (the Hydra schema of ``advantage=<name>``) and the extra inputs
+they ``needs``: ``reinforce_pp``, ``reinforce_pp_baseline``, ``ppo``, ``remax``, ``opo`` and
+``process``. The outcome estimators (``grpo``, ``rloo``, ...) live in :mod:`.advantages` and
+:mod:`.rescaled`.
 
 Layout: ``P`` prompts x ``G`` completions, ``B = P * G`` rows in group-major
 order (row ``b = p * G + g``), ``T`` padded completion length, right padding.
-
-Registered names: the outcome estimators of :mod:`.advantages` broadcast over
-each row's valid tokens (``grpo``, ``mean_only``, ``rloo``, ``reinforce``),
-``reinforce_pp``, ``reinforce_pp_baseline``, ``ppo`` and ``process``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import numbers
-from dataclasses import dataclass, field
-from typing import Callable, List, Optional, Tuple
+from dataclasses import dataclass
 
 import torch
-from torch import Tensor
 
-from . import rescaled  # noqa: F401  (registers its outcome estimators before they are wrapped below)
-from .advantages import OUTCOME_ESTIMATORS, compute_advantages
+from .estimators import (TOKEN_ESTIMATORS, AdvantageContext, AdvantageOutput, broadcast, check_context, float_mask,
+                         in_float64)
 from .gae import gae, reinforce_pp_returns
-from .registry import Registry
-from .utils import masked_mean, masked_var, masked_whiten, right_padded_lengths, shape_str
-
-
-@dataclass
-class AdvantageContext:
-    """Everything an estimator may need for one batch.
-
-    Attributes:
-        scores: ``[P, G]`` sequence-level reward (outcome reward plus any
-            reward-placed KL summed over tokens).
-        token_rewards: ``[B, T]`` per-token reward: outcome reward at the last
-            valid token plus per-token reward-placed terms (e.g. ``-beta*KL``);
-            zeros elsewhere.
-        mask: ``[B, T]`` completion mask (1 = real token), right-padded.
-        values: ``[B, T]`` critic values (``ppo`` only).
-        step_rewards: per row, a list of ``(end_index, reward)`` with the
-            inclusive token index where a reasoning step ends (``process`` only).
-        greedy_scores: ``[P]`` reward of each prompt's greedy completion (``remax`` only).
-        state: persistent estimator state across steps (EMA baseline); keep the
-            same dict alive between calls.
-    """
-
-    scores: Tensor
-    token_rewards: Tensor
-    mask: Tensor
-    values: Optional[Tensor] = None
-    step_rewards: Optional[List[List[Tuple[int, float]]]] = None
-    state: dict = field(default_factory=dict)
-    greedy_scores: Optional[Tensor] = None
-
-
-@dataclass
-class AdvantageOutput:
-    """Estimator result: ``advantages`` ``[B, T]`` (0 at masked positions) and,
-    for critic-based estimators, ``returns`` ``[B, T]`` value targets."""
-
-    advantages: Tensor
-    returns: Optional[Tensor] = None
-
-
-TOKEN_ESTIMATORS: Registry = Registry("advantage estimator")
-
-
-def requires_groups(name: str) -> bool:
-    """True if estimator ``name`` (any ``TOKEN_ESTIMATORS`` name, which include
-    all outcome estimator names) needs groups of ``G >= 2`` completions per prompt.
-
-    Raises:
-        ValueError: if ``name`` is not registered (lists valid names).
-    """
-    return TOKEN_ESTIMATORS.requires_groups(name)
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-def _check_ctx(ctx: AdvantageContext, name: str) -> Tuple[int, int]:
-    """Validate shapes; return (P, G)."""
-    if not isinstance(ctx, AdvantageContext):
-        raise ValueError(f"ctx must be an AdvantageContext, got {type(ctx).__name__}")
-    right_padded_lengths(ctx.mask)
-    if not isinstance(ctx.scores, Tensor) or ctx.scores.dim() != 2:
-        raise ValueError("ctx.scores must be a [P, G] tensor")
-    P, G = ctx.scores.shape
-    B, T = ctx.mask.shape
-    if B != P * G:
-        raise ValueError(
-            f"ctx.mask must have B = P*G = {P * G} rows for scores {shape_str(ctx.scores)}, got {B}"
-        )
-    if not isinstance(ctx.token_rewards, Tensor) or ctx.token_rewards.shape != ctx.mask.shape:
-        raise ValueError(f"ctx.token_rewards must have the mask's shape {shape_str(ctx.mask)}")
-    if TOKEN_ESTIMATORS.requires_groups(name) and G < 2:
-        raise ValueError(f"group_size must be >= 2 for estimator {name!r}, got G={G}")
-    return P, G
-
-
-def _f64(x):
-    return x.to(torch.float64) if isinstance(x, Tensor) and x.is_floating_point() else x
-
-
-def in_float64(fn: Callable) -> Callable:
-    """Run estimator ``fn`` in float64 and return its outputs in the dtype of ``ctx.token_rewards``.
-
-    Convention (every registered estimator): group and batch statistics (means, stds,
-    whitening, leave-one-out terms, GAE) are computed in float64 on the float64 image of the
-    inputs, so a float32 batch gives the float64 result up to the final rounding to float32.
-    Computed in float32, near-constant groups and batches lose most of their digits to
-    cancellation (NeMo-RL #4158 / PR #4161); the tensors are ``[P, G]`` and ``[B, T]``, so the
-    cost is negligible next to the model.
-    """
-
-    @functools.wraps(fn)
-    def wrapper(ctx: AdvantageContext, p) -> AdvantageOutput:
-        if not isinstance(ctx, AdvantageContext):
-            raise ValueError(f"ctx must be an AdvantageContext, got {type(ctx).__name__}")
-        tr = ctx.token_rewards
-        dtype = tr.dtype if isinstance(tr, Tensor) and tr.is_floating_point() else torch.get_default_dtype()
-        wide = dataclasses.replace(ctx, scores=_f64(ctx.scores), token_rewards=_f64(tr), values=_f64(ctx.values),
-                                   greedy_scores=_f64(ctx.greedy_scores))
-        out = fn(wide, p)
-        return AdvantageOutput(advantages=out.advantages.to(dtype),
-                               returns=None if out.returns is None else out.returns.to(dtype))
-
-    return wrapper
-
-
-def _float_mask(ctx: AdvantageContext) -> Tensor:
-    tr = ctx.token_rewards
-    dtype = tr.dtype if tr.is_floating_point() else torch.get_default_dtype()
-    return ctx.mask.to(dtype)
-
-
-def _broadcast(seq_adv: Tensor, mask: Tensor) -> Tensor:
-    """``[P, G]`` sequence advantages -> ``[B, T]`` on valid tokens."""
-    adv = seq_adv.reshape(-1, 1).to(mask.dtype).expand_as(mask)
-    return torch.where(mask > 0, adv, torch.zeros_like(adv))
-
-
-# --------------------------------------------------------------------------- outcome wrappers
-
-
-def _make_outcome_estimator(name: str) -> Callable:
-    spec = OUTCOME_ESTIMATORS.spec(name)
-
-    def estimator(ctx: AdvantageContext, p) -> AdvantageOutput:
-        P, G = _check_ctx(ctx, name)
-        m = _float_mask(ctx)
-        valid = (ctx.mask.to(torch.bool).sum(dim=-1) > 0).reshape(P, G)
-        seq_adv = compute_advantages(ctx.scores, name, valid=valid, params=p, state=ctx.state)
-        return AdvantageOutput(advantages=_broadcast(seq_adv, m))
-
-    estimator.__name__ = f"{name}_token_estimator"
-    estimator.__doc__ = (
-        f"Outcome estimator {name!r} broadcast to tokens.\n\n"
-        "Shapes: ``ctx.scores`` ``[P, G]`` -> advantages ``[B, T]`` equal to the\n"
-        "row's sequence advantage on its valid tokens, 0 elsewhere. Rows with no\n"
-        "valid token are excluded from group statistics (``valid`` = mask.sum(-1) > 0).\n"
-        f"Params and formula: see ``{spec.fn.__module__}."
-        f"{spec.fn.__name__}``.\n\nRaises:\n    ValueError: as "
-        "``compute_advantages`` plus context shape errors."
-    )
-    return estimator
-
-
-for _name in OUTCOME_ESTIMATORS.names():
-    _spec = OUTCOME_ESTIMATORS.spec(_name)
-    TOKEN_ESTIMATORS.register(_name, params=_spec.params, grouped=_spec.grouped, invariances=_spec.invariances)(
-        in_float64(_make_outcome_estimator(_name)))
+from .utils import masked_mean, masked_var, masked_whiten, right_padded_lengths
 
 
 # --------------------------------------------------------------------------- REINFORCE++
@@ -217,8 +62,8 @@ def reinforce_pp(ctx: AdvantageContext, p: ReinforcePPParams) -> AdvantageOutput
     Raises:
         ValueError: context shape errors or ``gamma`` outside ``[0, 1]``.
     """
-    _check_ctx(ctx, "reinforce_pp")
-    m = _float_mask(ctx)
+    check_context(ctx, "reinforce_pp")
+    m = float_mask(ctx)
     returns = reinforce_pp_returns(ctx.token_rewards, ctx.mask, gamma=p.gamma)
     return AdvantageOutput(advantages=masked_whiten(returns, m, unbiased=p.unbiased))
 
@@ -242,8 +87,8 @@ def reinforce_pp_baseline(ctx: AdvantageContext, p: ReinforcePPBaselineParams) -
     Raises:
         ValueError: context shape errors, ``G < 2``, ``gamma`` outside ``[0, 1]``.
     """
-    P, G = _check_ctx(ctx, "reinforce_pp_baseline")
-    m = _float_mask(ctx)
+    P, G = check_context(ctx, "reinforce_pp_baseline")
+    m = float_mask(ctx)
     lengths = right_padded_lengths(ctx.mask)
     valid = (lengths > 0).reshape(P, G)
     baseline = masked_mean(ctx.scores.to(m.dtype), valid, dim=-1, keepdim=True)  # [P, 1]
@@ -289,12 +134,12 @@ def ppo(ctx: AdvantageContext, p: PPOParams) -> AdvantageOutput:
         ValueError: ``ctx.values`` is None or mis-shaped; context shape errors;
             ``gamma``/``lam`` outside ``[0, 1]``.
     """
-    _check_ctx(ctx, "ppo")
+    check_context(ctx, "ppo")
     if ctx.values is None:
         raise ValueError("ctx.values must be a [B, T] tensor of critic values for estimator 'ppo'")
     adv, returns = gae(ctx.token_rewards, ctx.values, ctx.mask, gamma=p.gamma, lam=p.lam)
     if p.whiten:
-        adv = masked_whiten(adv, _float_mask(ctx), unbiased=p.unbiased)
+        adv = masked_whiten(adv, float_mask(ctx), unbiased=p.unbiased)
     return AdvantageOutput(advantages=adv, returns=returns)
 
 
@@ -324,13 +169,13 @@ def remax(ctx: AdvantageContext, p: ReMaxParams) -> AdvantageOutput:
     Raises:
         ValueError: ``ctx.greedy_scores`` missing or not ``[P]``; context shape errors.
     """
-    P, G = _check_ctx(ctx, "remax")
+    P, G = check_context(ctx, "remax")
     if ctx.greedy_scores is None or tuple(ctx.greedy_scores.shape) != (P,):
         raise ValueError(f"ctx.greedy_scores must be a [P]=[{P}] tensor of greedy rewards for estimator 'remax'")
-    m = _float_mask(ctx)
+    m = float_mask(ctx)
     seq = ctx.scores.to(m.dtype) - ctx.greedy_scores.to(m.dtype).unsqueeze(-1)
     valid = (ctx.mask.to(torch.bool).sum(-1) > 0).reshape(P, G)
-    return AdvantageOutput(advantages=_broadcast(torch.where(valid, seq, torch.zeros_like(seq)), m))
+    return AdvantageOutput(advantages=broadcast(torch.where(valid, seq, torch.zeros_like(seq)), m))
 
 
 @dataclass
@@ -356,8 +201,8 @@ def opo(ctx: AdvantageContext, p: OPOParams) -> AdvantageOutput:
     Raises:
         ValueError: context shape errors, ``G < 2``.
     """
-    P, G = _check_ctx(ctx, "opo")
-    m = _float_mask(ctx)
+    P, G = check_context(ctx, "opo")
+    m = float_mask(ctx)
     lengths = m.sum(-1).reshape(P, G)
     r = ctx.scores.to(m.dtype)
     valid = lengths > 0
@@ -365,7 +210,7 @@ def opo(ctx: AdvantageContext, p: OPOParams) -> AdvantageOutput:
     hi = torch.where(valid, r, torch.full_like(r, -torch.inf)).amax(-1, keepdim=True)
     lo = torch.where(valid, r, torch.full_like(r, torch.inf)).amin(-1, keepdim=True)
     adv = torch.where(valid & (hi != lo), r - b, torch.zeros_like(r))
-    return AdvantageOutput(advantages=_broadcast(adv, m))
+    return AdvantageOutput(advantages=broadcast(adv, m))
 
 
 # --------------------------------------------------------------------------- process
@@ -404,7 +249,7 @@ def process(ctx: AdvantageContext, p: ProcessParams) -> AdvantageOutput:
             index outside the row's valid tokens ``[0, L_b - 1]``; non-finite
             step reward; ``G < 2``; ``eps < 0``.
     """
-    P, G = _check_ctx(ctx, "process")
+    P, G = check_context(ctx, "process")
     eps, unbiased = p.eps, p.unbiased
     if eps < 0:
         raise ValueError(f"advantage.eps must be >= 0, got {eps}")
@@ -415,7 +260,7 @@ def process(ctx: AdvantageContext, p: ProcessParams) -> AdvantageOutput:
         raise ValueError(
             f"ctx.step_rewards must be a list of B={B} step lists for 'process', got {got}"
         )
-    m = _float_mask(ctx)
+    m = float_mask(ctx)
     lengths = right_padded_lengths(ctx.mask).tolist()
     # Per-step tensors: reward, row, end index.
     rows, ends, rewards = [], [], []
@@ -456,35 +301,7 @@ def process(ctx: AdvantageContext, p: ProcessParams) -> AdvantageOutput:
     return AdvantageOutput(advantages=adv)
 
 
-# --------------------------------------------------------------------------- dispatch
-
-
-def estimate_advantages(name: str, ctx: AdvantageContext, params=None, **overrides) -> AdvantageOutput:
-    """Run the token-level advantage estimator registered as ``name`` on ``ctx``.
-
-    Args:
-        params: an instance or mapping of the estimator's params dataclass (the trainer passes
-            ``cfg.advantage``); missing fields take the dataclass defaults.
-        overrides: single fields replaced on top (tests: ``estimate_advantages("ppo", ctx, lam=0.8)``).
-
-    Shapes: see :class:`AdvantageContext` -> :class:`AdvantageOutput` with
-    ``advantages`` ``[B, T]`` (0 at masked positions) and, for ``ppo``,
-    ``returns`` ``[B, T]``.
-
-    Raises:
-        ValueError: unknown ``name`` (lists valid names); a parameter that is not a field of
-            the estimator's params (lists accepted ones); any estimator-specific ValueError.
-    """
-    spec = TOKEN_ESTIMATORS.spec(name)
-    return spec.fn(ctx, spec.build(params, **overrides))
-
-
 __all__ = [
-    "AdvantageContext",
-    "AdvantageOutput",
-    "TOKEN_ESTIMATORS",
-    "estimate_advantages",
-    "requires_groups",
     "reinforce_pp",
     "reinforce_pp_baseline",
     "ppo",

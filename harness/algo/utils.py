@@ -270,6 +270,24 @@ def right_padded_lengths(mask: Tensor) -> Tensor:
     return m.sum(dim=-1)
 
 
+def check_like(ref: Tensor, ref_name: str, **tensors: Tensor) -> None:
+    """Raise ValueError unless ``ref`` is ``[B, T]`` and every tensor in ``tensors`` has its shape."""
+    if not isinstance(ref, Tensor) or ref.dim() != 2:
+        got = shape_str(ref) if isinstance(ref, Tensor) else type(ref).__name__
+        raise ValueError(f"{ref_name} must be a [B, T] tensor, got {got}")
+    for name, t in tensors.items():
+        if not isinstance(t, Tensor) or t.shape != ref.shape:
+            got = shape_str(t) if isinstance(t, Tensor) else type(t).__name__
+            raise ValueError(
+                f"{name} must have the shape of {ref_name} {shape_str(ref)}, got {got}"
+            )
+
+
+def zero_masked(x: Tensor, mask: Tensor) -> Tensor:
+    """``x`` with 0 where ``mask == 0`` (``where``: NaN / inf padding reaches neither values nor gradients)."""
+    return torch.where(mask.to(torch.bool), x, torch.zeros_like(x))
+
+
 def shape_str(t: Tensor) -> str:
     """``[2, 3]``-style shape string for error messages."""
     return "[" + ", ".join(str(s) for s in t.shape) + "]"
@@ -284,4 +302,6 @@ __all__: Tuple[str, ...] = (
     "explained_variance",
     "right_padded_lengths",
     "shape_str",
+    "check_like",
+    "zero_masked",
 )
