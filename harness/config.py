@@ -16,7 +16,8 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from harness.algo import GROUP_FILTERS, LOSS_AGGREGATIONS, POLICY_LOSSES, ROLLOUT_CORRECTIONS, TOKEN_ESTIMATORS
+from harness.algo import (GROUP_FILTERS, LENGTH_PENALTIES, LOSS_AGGREGATIONS, POLICY_LOSSES, ROLLOUT_CORRECTIONS,
+                          TOKEN_ESTIMATORS)
 from harness.critic import CriticConfig  # the critic component's own node (critic.*)
 from harness.rollout import BACKENDS, RolloutConfig
 from harness.tasks import TASKS
@@ -136,6 +137,7 @@ class Config:
     group_size: int = 8  # G: completions per prompt
     policy_loss: Any = MISSING  # a POLICY_LOSSES params node: policy_loss=ppo_clip, gspo, cispo, ...
     group_filter: Any = MISSING  # a GROUP_FILTERS params node: group_filter=none | dapo (dynamic sampling)
+    length_penalty: Any = MISSING  # a LENGTH_PENALTIES params node: length_penalty=none | linear (prime-rl)
     # a ROLLOUT_CORRECTIONS params node: none | token_truncate | token_mask | sequence_truncate | sequence_mask
     rollout_correction: Any = MISSING
     top_entropy_quantile: float = 1.0  # keep the policy loss on the top q of tokens by entropy (1 = all)
@@ -158,7 +160,8 @@ class Config:
 
 # config group -> the registry whose params dataclasses are its options
 GROUPS = {"task": TASKS, "advantage": TOKEN_ESTIMATORS, "policy_loss": POLICY_LOSSES, "loss_agg": LOSS_AGGREGATIONS,
-          "group_filter": GROUP_FILTERS, "rollout": BACKENDS, "rollout_correction": ROLLOUT_CORRECTIONS}
+          "group_filter": GROUP_FILTERS, "rollout": BACKENDS, "rollout_correction": ROLLOUT_CORRECTIONS,
+          "length_penalty": LENGTH_PENALTIES}
 
 
 def group_schemas() -> dict:

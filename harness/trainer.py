@@ -219,6 +219,19 @@ class Trainer:
         return batch, rew, problems, info
 
     # ---------------------------------------------------------------------- step
+    def _length_shaped(self, rewards, cmask, prompt_mask):
+        """``rewards`` ``[B]`` (this rank's rows) after ``length_penalty=``, applied per group of the
+        global batch: the output tokens are each completion's (up to and including EOS), the input
+        tokens its prompt's, one turn each. The same tensor object when the penalty is the identity
+        (``none``)."""
+        G, w = self.cfg.group_size, self.world
+        per_group = [w.gather_rows(x).to(torch.float64).view(-1, G) for x in (rewards, cmask.sum(1), prompt_mask.sum(1))]
+        shaped = self.algo.length_penalty(*per_group, torch.ones_like(per_group[0]))
+        if shaped is per_group[0]:
+            return rewards
+        first = w.row_offset(rewards.shape[0])
+        return shaped.reshape(-1)[first : first + rewards.shape[0]].to(rewards.dtype)
+
     def train_step(self) -> dict:
         """One rollout + ``mu`` optimisation passes; returns the step's metrics."""
         cfg, G, mb = self.cfg, self.cfg.group_size, self.cfg.train.micro_batch_size
@@ -247,14 +260,15 @@ class Trainer:
             values = self.critic.values(*args, mb) if self.critic is not None else None
         t_logprob = time.perf_counter() - t0
 
-        scores, token_rewards = shape_rewards(rew.rewards, cmask, old, ref, algo.kl, beta=self.kl_coef)
+        # The estimator sees the global batch (all ranks' rows, rank order); each rank keeps its rows.
+        w, n_local, t_local = self.world, batch.num_sequences, cmask.shape[1]
+        rewards = self._length_shaped(rew.rewards, cmask, batch.prompt_mask)
+        scores, token_rewards = shape_rewards(rewards, cmask, old, ref, algo.kl, beta=self.kl_coef)
         with progress.phase("greedy rollout"):
             greedy = self._greedy_scores(problems) if algo.needs("greedy") else None
         steps = None
         if algo.needs("step_rewards"):
-            steps = process_step_rewards(self.task, self.tok, batch.texts, batch.completion_ids, cmask, rew.rewards)
-        # The estimator sees the global batch (all ranks' rows, rank order); each rank keeps its rows.
-        w, n_local, t_local = self.world, batch.num_sequences, cmask.shape[1]
+            steps = process_step_rewards(self.task, self.tok, batch.texts, batch.completion_ids, cmask, rewards)
         gmask = w.gather_rows(cmask)
         if w.distributed and steps is not None:
             steps = [r for part in w.gather_objects(steps) for r in part]
@@ -292,6 +306,8 @@ class Trainer:
             "train/reward_mean": float(grew.rewards.mean()), "train/reward_std": float(grew.rewards.std()),
             "train/accuracy": float(grew.correct.float().mean()), "train/format_rate": float(grew.formatted.float().mean()),
             "train/overlong_penalty": float(grew.overlong.mean()),
+            **({"train/length_penalty": float((w.gather_rows(rewards) - grew.rewards).mean())}
+               if rewards is not rew.rewards else {}),
             "train/frac_reward_zero_std": float((r.std(dim=1) == 0).float().mean()),
             "train/completion_len_mean": float(lengths.float().mean()),
             "train/completion_len_max": float(lengths.max()),

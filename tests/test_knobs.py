@@ -112,6 +112,12 @@ KNOBS = {
     "train.warmup_steps": math_(2, "metric:train/lr"),
     "group_filter": math_("dapo", "metric:train/prompts_sampled", reward="zero"),
     "group_filter/dapo.max_rounds": math_(1, "metric:train/prompts_sampled", reward="zero"),
+    "length_penalty": math_("linear", "advantages"),
+    "length_penalty/linear.num_output_tokens_weight": math_(1.0, "advantages"),
+    # single turn: the input and turn terms shift a whole group, which group baselines cancel
+    "length_penalty/linear.num_input_tokens_weight": math_(1.0, "advantages", "advantage=reinforce",
+                                                            "advantage.baseline=none"),
+    "length_penalty/linear.num_turns_weight": math_(1.0, "advantages", "advantage=reinforce", "advantage.baseline=none"),
     "top_entropy_quantile": math_(0.2, "loss"),
     "kl.controller": math_("adaptive", "metric:train/kl_coef", *KL),
     # step 1's KL is exactly 0 (policy == reference), so the target shows from step 2's update on

@@ -27,6 +27,7 @@ from . import advantages, rescaled, token_estimators  # noqa: F401  (register th
 from .aggregation import LOSS_AGGREGATIONS, aggregate_loss, aggregation_normalizers
 from .algorithm import Algorithm, Choice, KLTerm, LogprobForward, build_algorithm, dry_run
 from .filters import GROUP_FILTERS
+from .length_penalty import LENGTH_PENALTIES
 from .gae import gae, reinforce_pp_returns
 from .kl import KL_CONTROLLERS, KL_ESTIMATORS, kl_penalty
 from .policy_losses import POLICY_LOSSES
@@ -80,5 +81,6 @@ __all__ = [
     "LOSS_AGGREGATIONS",
     "POLICY_LOSSES",
     "GROUP_FILTERS",
+    "LENGTH_PENALTIES",
     "RATIO_LEVELS",
 ]

@@ -27,6 +27,7 @@ from torch import Tensor
 from .aggregation import LOSS_AGGREGATIONS, apply_aggregation
 from .estimators import TOKEN_ESTIMATORS, AdvantageContext
 from .filters import GROUP_FILTERS
+from .length_penalty import LENGTH_PENALTIES
 from .kl import KL_CONTROLLERS, KL_ESTIMATORS, estimate_kl
 from .policy_losses import POLICY_LOSSES
 from .registry import Registry, Variant
@@ -126,6 +127,8 @@ class Algorithm:
         kl: the KL term (:class:`KLTerm`).
         rollout_correction: ``rollout_correction=``: ``(log_ratio, mask) -> weights or None``.
         group_filter: ``group_filter=``: ``(rewards [P, G]) -> keep [P]``; ``params.max_rounds``.
+        length_penalty: ``length_penalty=``: ``(rewards, output_tokens, input_tokens, turns)``, each
+            ``[P, G]`` -> shaped rewards ``[P, G]`` (the identity for ``none``).
         top_entropy_quantile: the policy loss is kept on the top q of tokens by entropy.
         entropy_coef: weight of the entropy bonus.
         mu: optimisation passes per rollout batch.
@@ -139,6 +142,7 @@ class Algorithm:
     kl: KLTerm
     rollout_correction: Choice
     group_filter: Choice
+    length_penalty: Choice
     top_entropy_quantile: float
     entropy_coef: float
     mu: int
@@ -174,6 +178,7 @@ def build_algorithm(cfg: Any) -> Algorithm:
                   ref_refresh_steps=kl.ref_refresh_steps),
         rollout_correction=Choice.build(ROLLOUT_CORRECTIONS, cfg.rollout_correction),
         group_filter=Choice.build(GROUP_FILTERS, cfg.group_filter),
+        length_penalty=Choice.build(LENGTH_PENALTIES, cfg.length_penalty),
         top_entropy_quantile=cfg.top_entropy_quantile,
         entropy_coef=cfg.entropy_coef,
         mu=cfg.mu,
@@ -185,7 +190,8 @@ def build_algorithm(cfg: Any) -> Algorithm:
 def dry_run(algo: Algorithm, group_size: int) -> None:
     """Run every piece of ``algo`` once on a synthetic batch of 2 prompts x ``group_size``
     completions of 3 tokens: the estimator (with the inputs it declares it needs), the policy
-    loss, the aggregation, the group filter, the KL controller and the rollout correction.
+    loss, the aggregation, the group filter, the length penalty, the KL controller and the rollout
+    correction.
 
     Every check a variant makes of its own params (``advantage.scale=global``,
     ``advantage.baseline=median``, ...) then fails before any model is loaded, with the
@@ -209,6 +215,8 @@ def dry_run(algo: Algorithm, group_size: int) -> None:
     apply_aggregation(algo.aggregation.spec, algo.aggregation.params, torch.ones(2 * G, 3), mask,
                       max_len=algo.max_len)
     algo.group_filter(scores)
+    lengths = torch.full((2, G), 3.0, dtype=torch.float64)
+    algo.length_penalty(scores.double(), lengths, lengths, torch.ones(2, G, dtype=torch.float64))
     algo.kl.next_beta(1.0, 0.1, 1)
     algo.rollout_correction(torch.zeros(2 * G, 3), mask)
 
