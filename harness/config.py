@@ -16,7 +16,7 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from harness.algo import (GROUP_FILTERS, LENGTH_PENALTIES, LOSS_AGGREGATIONS, POLICY_LOSSES, ROLLOUT_CORRECTIONS,
+from harness.algo import (ENTROPY_CONTROLLERS, GROUP_FILTERS, LENGTH_PENALTIES, LOSS_AGGREGATIONS, POLICY_LOSSES, ROLLOUT_CORRECTIONS,
                           TOKEN_ESTIMATORS)
 from harness.critic import CriticConfig  # the critic component's own node (critic.*)
 from harness.rollout import BACKENDS, RolloutConfig
@@ -145,6 +145,7 @@ class Config:
     kl: KLConfig = field(default_factory=KLConfig)
     loss_agg: Any = MISSING  # a LOSS_AGGREGATIONS params node: loss_agg=token-mean, ...
     entropy_coef: float = 0.0
+    entropy_control: Any = MISSING  # an ENTROPY_CONTROLLERS params node: fixed | adaptive (Skywork-OR1, TRL)
     mu: int = 1  # policy iterations per rollout batch
     overlong: OverlongConfig = field(default_factory=OverlongConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)  # read only when the estimator needs values
@@ -161,7 +162,7 @@ class Config:
 # config group -> the registry whose params dataclasses are its options
 GROUPS = {"task": TASKS, "advantage": TOKEN_ESTIMATORS, "policy_loss": POLICY_LOSSES, "loss_agg": LOSS_AGGREGATIONS,
           "group_filter": GROUP_FILTERS, "rollout": BACKENDS, "rollout_correction": ROLLOUT_CORRECTIONS,
-          "length_penalty": LENGTH_PENALTIES}
+          "length_penalty": LENGTH_PENALTIES, "entropy_control": ENTROPY_CONTROLLERS}
 
 
 def group_schemas() -> dict:

@@ -113,6 +113,8 @@ class Trainer:
         if critic is not None:
             self.world.broadcast_module(critic.model)
         self.kl_coef = float(self.algo.kl.beta)  # the KL coefficient of the next step (kl.controller moves it)
+        # the entropy bonus's coefficient (entropy_control moves it) and the last step's entropy
+        self.entropy_coef, self.last_entropy = float(self.algo.entropy_coef), math.inf
         if self.algo.needs("values") and critic is None:
             raise ValueError(f"advantage={self.algo.estimator.name} needs critic values: pass critic=...")
         self.backend, self.tracker, self.critic = backend, tracker, critic
@@ -232,6 +234,13 @@ class Trainer:
         first = w.row_offset(rewards.shape[0])
         return shaped.reshape(-1)[first : first + rewards.shape[0]].to(rewards.dtype)
 
+    @property
+    def step_entropy_coef(self) -> float:
+        """The entropy bonus's coefficient this step applies: the controller's (``entropy_coef``,
+        moved by ``entropy_control``), or 0 while the controller holds the bonus off
+        (``train/entropy_bonus_applied`` = 0)."""
+        return self.entropy_coef if self.algo.entropy_control.params.applies(self.last_entropy) else 0.0
+
     def train_step(self) -> dict:
         """One rollout + ``mu`` optimisation passes; returns the step's metrics."""
         cfg, G, mb = self.cfg, self.cfg.group_size, self.cfg.train.micro_batch_size
@@ -314,7 +323,9 @@ class Trainer:
             **completion_len_by_outcome(lengths, grew.correct, "train"),
             "train/clipped_ratio": float(w.gather_rows(batch.truncated).float().mean()),
             "train/advantage_abs_mean": float((adv.advantages.abs() * gmask).sum() / max(n_tokens, 1)),
-            "train/lr": lr, "train/kl_coef": self.kl_coef, "train/skipped_updates": float(self.skipped),
+            "train/lr": lr, "train/kl_coef": self.kl_coef,
+            "train/entropy_coef": self.entropy_coef,  # the controller's coefficient, as TRL logs it
+            "train/entropy_bonus_applied": float(self.step_entropy_coef == self.entropy_coef), "train/skipped_updates": float(self.skipped),
             "time/logprob_s": t_logprob, "time/old_logprob_s": t_old, "time/ref_logprob_s": t_ref,
             "time/value_s": t_logprob - t_old - t_ref, "time/update_s": t_update, "time/step_s": step_s,
             "time/weight_sync_s": t_sync,
@@ -336,6 +347,9 @@ class Trainer:
         if "train/kl" in metrics:  # the controller sets the next step's coefficient
             # n_samples: the step's completions over all ranks (grew is gathered), as one process has
             self.kl_coef = algo.kl.next_beta(self.kl_coef, metrics["train/kl"], int(grew.rewards.numel()))
+        if "train/entropy" in metrics:  # and the entropy controller the next step's bonus
+            self.entropy_coef = algo.entropy_control(self.entropy_coef, metrics["train/entropy"])
+            self.last_entropy = metrics["train/entropy"]
         self._last = StepRecord(self.step, batch, rew, ctx.scores[first // G : (first + n_local) // G], local_adv,
                                 local_returns, loss_mask, metrics, greedy, self._first_logprobs)
         return metrics
@@ -390,7 +404,7 @@ class Trainer:
             if warmup:
                 continue
             self.opt.zero_grad(set_to_none=True)
-            s = policy_pass(self.policy, tb, self.algo, mb, beta=self.kl_coef,
+            s = policy_pass(self.policy, tb, self.algo, mb, beta=self.kl_coef, entropy_coef=self.step_entropy_coef,
                             logprobs_out=self._first_logprobs if i == 0 else None)
             s["grad_norm"] = distributed.clip_grad_norm_(self.policy.parameters(), cfg.train.max_grad_norm)
             if not (math.isfinite(s["loss"]) and math.isfinite(s["grad_norm"])):
@@ -516,6 +530,7 @@ class Trainer:
             "scheduler": self.sched.state_dict(),
             "critic": self.critic.state_dict() if self.critic is not None else None,
             "adv_state": self.adv_state, "rng": ckpt.rng_state(), "skipped": self.skipped, "kl_coef": self.kl_coef,
+            "entropy_coef": self.entropy_coef, "last_entropy": self.last_entropy,
             "elapsed_s": self.elapsed_before + time.time() - self.start_time,
             "pending_metrics": [(m.key, m.value, m.timestamp, m.step) for m in self.tracker.pending],
         }
@@ -570,6 +585,8 @@ class Trainer:
         self.adv_state.update(state.get("adv_state") or {})
         self.skipped = state.get("skipped", 0)
         self.kl_coef = state.get("kl_coef", self.kl_coef)
+        self.entropy_coef = state.get("entropy_coef", self.entropy_coef)
+        self.last_entropy = state.get("last_entropy", self.last_entropy)
         self.elapsed_before = state.get("elapsed_s", 0.0)
         per_rank = state.get("rng_per_rank")
         same_world = per_rank is not None and len(per_rank) == self.world.world_size

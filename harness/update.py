@@ -150,7 +150,8 @@ def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, quantile: float
     return valid & (entropy.detach() >= threshold)
 
 
-def token_objective(logp, old, ref, advantages, mask, entropy, algo: Algorithm, beta=None, weights=None):
+def token_objective(logp, old, ref, advantages, mask, entropy, algo: Algorithm, beta=None, weights=None,
+                    entropy_coef=None):
     """The per-token loss of one (micro-)batch under the run's algorithm.
 
     Args:
@@ -160,6 +161,8 @@ def token_objective(logp, old, ref, advantages, mask, entropy, algo: Algorithm, 
             ``entropy``: ``[B, T]`` per-token entropy (nats); ``algo``: the run's
             :class:`harness.algo.Algorithm`.
         beta: the KL coefficient of this step (the KL controller's; ``algo.kl.beta`` when None).
+        entropy_coef: the entropy bonus's coefficient of this step (the entropy controller's;
+            ``algo.entropy_coef`` when None).
         weights: optional detached ``[B, T]`` per-token weights of the policy loss (the rollout
             correction's importance weights, :mod:`harness.algo.rollout_correction`).
     Returns:
@@ -181,8 +184,9 @@ def token_objective(logp, old, ref, advantages, mask, entropy, algo: Algorithm, 
         if algo.kl.placement == "loss":
             per_token = per_token + beta * kl
         stats["kl"] = masked_mean(kl.detach(), mask)
-    if algo.entropy_coef:
-        per_token = per_token - algo.entropy_coef * entropy
+    entropy_coef = algo.entropy_coef if entropy_coef is None else entropy_coef
+    if entropy_coef:
+        per_token = per_token - entropy_coef * entropy
     return per_token, stats
 
 
@@ -203,7 +207,8 @@ def global_normalizers(mask: torch.Tensor) -> dict:
     return {k: max(int(round(v)), 1) for k, v in world().sum_dict(local).items()}
 
 
-def policy_pass(policy, batch: TrainBatch, algo: Algorithm, micro_batch_size: int, beta=None, logprobs_out=None) -> dict:
+def policy_pass(policy, batch: TrainBatch, algo: Algorithm, micro_batch_size: int, beta=None, logprobs_out=None,
+                entropy_coef=None) -> dict:
     """Accumulate gradients of the policy loss over micro-batches (no optimizer step).
 
     Data-parallel (``torchrun``): ``batch`` is this rank's rows; the normalisers are the global
@@ -215,6 +220,8 @@ def policy_pass(policy, batch: TrainBatch, algo: Algorithm, micro_batch_size: in
         algo: the run's :class:`harness.algo.Algorithm`: the loss is :func:`token_objective` +
             :func:`aggregate`, the rollout correction weighs it; ``algo.forward`` (temperature,
             chunk, prefix sharing, precision) sets the log-prob forward.
+        beta, entropy_coef: this step's KL and entropy coefficients (their controllers'; the
+            algorithm's when None).
         logprobs_out: optional ``[B, T]`` tensor filled with the pass's log-probs (detached, 0 past
             each row's trimmed length), e.g. for :class:`harness.trainer.StepRecord`.
     Returns:
@@ -253,7 +260,8 @@ def policy_pass(policy, batch: TrainBatch, algo: Algorithm, micro_batch_size: in
                                  "log-probs (greedy sampling?); use rollout_correction=none")
             # the behaviour policy as the trainer computes it vs the sampler: fixed for all mu passes
             weights = correction((old - mb.sampler_logprobs) * mask, mask)
-        per_token, stats = token_objective(logp, old, mb.ref_logprobs, mb.advantages, mask, entropy, algo, beta, weights)
+        per_token, stats = token_objective(logp, old, mb.ref_logprobs, mb.advantages, mask, entropy, algo, beta, weights,
+                                          entropy_coef)
         if weights is not None:
             stats["rollout_is_weight_mean"] = masked_mean(weights, mask)
         loss = aggregate(per_token, mask, algo, norm)

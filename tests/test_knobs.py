@@ -112,6 +112,14 @@ KNOBS = {
     "train.warmup_steps": math_(2, "metric:train/lr"),
     "group_filter": math_("dapo", "metric:train/prompts_sampled", reward="zero"),
     "group_filter/dapo.max_rounds": math_(1, "metric:train/prompts_sampled", reward="zero"),
+    "entropy_control": math_("adaptive", "metric:train/entropy_bonus_applied", "entropy_coef=0.1"),
+    # the probe's tiny model has a per-token entropy far above 0.2 nats: the coefficient falls
+    "entropy_control/adaptive.target": math_(100.0, "metric:train/entropy_coef", "entropy_coef=0.1", "train.steps=2"),
+    "entropy_control/adaptive.delta": math_(0.05, "metric:train/entropy_coef", "entropy_coef=0.1", "train.steps=2"),
+    "entropy_control/adaptive.coef_min": math_(0.09, "metric:train/entropy_coef", "entropy_coef=0.1",
+                                               "entropy_control.delta=0.5", "train.steps=2"),
+    "entropy_control/adaptive.coef_max": math_(0.1, "metric:train/entropy_coef", "entropy_coef=0.1",
+                                               "entropy_control.target=100.0", "train.steps=2"),
     "length_penalty": math_("linear", "advantages"),
     "length_penalty/linear.num_output_tokens_weight": math_(1.0, "advantages"),
     # single turn: the input and turn terms shift a whole group, which group baselines cancel

@@ -26,6 +26,7 @@ from .estimators import (
 from . import advantages, rescaled, token_estimators  # noqa: F401  (register their estimators)
 from .aggregation import LOSS_AGGREGATIONS, aggregate_loss, aggregation_normalizers
 from .algorithm import Algorithm, Choice, KLTerm, LogprobForward, build_algorithm, dry_run
+from .entropy import ENTROPY_CONTROLLERS
 from .filters import GROUP_FILTERS
 from .length_penalty import LENGTH_PENALTIES
 from .gae import gae, reinforce_pp_returns
@@ -80,6 +81,7 @@ __all__ = [
     "KL_CONTROLLERS",
     "LOSS_AGGREGATIONS",
     "POLICY_LOSSES",
+    "ENTROPY_CONTROLLERS",
     "GROUP_FILTERS",
     "LENGTH_PENALTIES",
     "RATIO_LEVELS",

@@ -26,6 +26,7 @@ from torch import Tensor
 
 from .aggregation import LOSS_AGGREGATIONS, apply_aggregation
 from .estimators import TOKEN_ESTIMATORS, AdvantageContext
+from .entropy import ENTROPY_CONTROLLERS
 from .filters import GROUP_FILTERS
 from .length_penalty import LENGTH_PENALTIES
 from .kl import KL_CONTROLLERS, KL_ESTIMATORS, estimate_kl
@@ -130,7 +131,8 @@ class Algorithm:
         length_penalty: ``length_penalty=``: ``(rewards, output_tokens, input_tokens, turns)``, each
             ``[P, G]`` -> shaped rewards ``[P, G]`` (the identity for ``none``).
         top_entropy_quantile: the policy loss is kept on the top q of tokens by entropy.
-        entropy_coef: weight of the entropy bonus.
+        entropy_coef: weight of the entropy bonus (the starting one when ``entropy_control`` moves it).
+        entropy_control: ``entropy_control=``: ``(coef, entropy) -> next coef``; ``params.applies(last_entropy)``.
         mu: optimisation passes per rollout batch.
         forward: how the log-probs are computed (:class:`LogprobForward`).
     """
@@ -145,6 +147,7 @@ class Algorithm:
     length_penalty: Choice
     top_entropy_quantile: float
     entropy_coef: float
+    entropy_control: Choice
     mu: int
     forward: LogprobForward
 
@@ -181,6 +184,7 @@ def build_algorithm(cfg: Any) -> Algorithm:
         length_penalty=Choice.build(LENGTH_PENALTIES, cfg.length_penalty),
         top_entropy_quantile=cfg.top_entropy_quantile,
         entropy_coef=cfg.entropy_coef,
+        entropy_control=Choice.build(ENTROPY_CONTROLLERS, cfg.entropy_control),
         mu=cfg.mu,
         forward=LogprobForward(temperature=cfg.rollout.temperature, chunk=cfg.train.logprob_chunk,
                                share_prefix=cfg.train.share_prefix, precision=cfg.train.precision),
@@ -190,8 +194,8 @@ def build_algorithm(cfg: Any) -> Algorithm:
 def dry_run(algo: Algorithm, group_size: int) -> None:
     """Run every piece of ``algo`` once on a synthetic batch of 2 prompts x ``group_size``
     completions of 3 tokens: the estimator (with the inputs it declares it needs), the policy
-    loss, the aggregation, the group filter, the length penalty, the KL controller and the rollout
-    correction.
+    loss, the aggregation, the group filter, the length penalty, the KL and entropy controllers and
+    the rollout correction.
 
     Every check a variant makes of its own params (``advantage.scale=global``,
     ``advantage.baseline=median``, ...) then fails before any model is loaded, with the
@@ -218,6 +222,7 @@ def dry_run(algo: Algorithm, group_size: int) -> None:
     lengths = torch.full((2, G), 3.0, dtype=torch.float64)
     algo.length_penalty(scores.double(), lengths, lengths, torch.ones(2, G, dtype=torch.float64))
     algo.kl.next_beta(1.0, 0.1, 1)
+    algo.entropy_control(algo.entropy_coef, 0.1)
     algo.rollout_correction(torch.zeros(2 * G, 3), mask)
 
 
