@@ -281,9 +281,14 @@ class Trainer:
         gmask = w.gather_rows(cmask)
         if w.distributed and steps is not None:
             steps = [r for part in w.gather_objects(steps) for r in part]
+        comps = weights = None
+        if algo.needs("reward_components"):  # the summed reward's parts, each with its weight in the sum
+            parts = (rew.correct, rew.formatted, rew.overlong, scores - rew.rewards)  # the last: length, KL shaping
+            comps = torch.stack([w.gather_rows(x.to(scores.dtype)) for x in parts], dim=-1).view(-1, G, len(parts))
+            weights = torch.tensor([1.0, float(cfg.task.format_reward), 1.0, 1.0], dtype=scores.dtype)
         ctx = AdvantageContext(scores=w.gather_rows(scores).view(-1, G), token_rewards=w.gather_rows(token_rewards),
                                mask=gmask, values=w.gather_rows(values), step_rewards=steps, state=self.adv_state,
-                               greedy_scores=w.gather_rows(greedy))
+                               greedy_scores=w.gather_rows(greedy), reward_components=comps, reward_weights=weights)
         adv = algo.estimator(ctx)
         first = w.row_offset(n_local)
         local_adv = adv.advantages[first : first + n_local, :t_local]

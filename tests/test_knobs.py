@@ -227,6 +227,7 @@ KNOBS = {
     "advantage/gpg.alpha": math_("nonzero", "advantages"),  # verl's count: some probe rewards are 0
     "advantage/gpg.scale": math_("group", "advantages"),
     "advantage/gpg.eps": math_(0.5, "advantages", "advantage.scale=group"),
+    "advantage/gdpo.eps": math_(0.5, "advantages"),
     "advantage/process.unbiased": math_("false", "advantages"),
     # ---------------------------------------------------------------- policy losses
     "policy_loss": math_("cispo", "loss"),

@@ -100,6 +100,23 @@ def _valid_tokens(adv, mask):
     return [float(adv[b, t]) for b in range(adv.shape[0]) for t in range(adv.shape[1]) if mask[b, t]]
 
 
+def test_gdpo_normalises_each_reward_component_before_the_sum(run_dir, dense_rewards):
+    """advantage=gdpo through train(): each component (correctness, format at task.format_reward,
+    overlong, the rest of the shaping: 0 here) z-scored in its group, summed with its weight, the
+    sum z-scored over the batch (stds Bessel-corrected, + 1e-4)."""
+    records = []
+    run_job("advantage=gdpo", "task.format_reward=0.5", on_step=records.append)
+    G = 4
+    for rec in records:
+        r, mask = rec.rewards, rec.batch.completion_mask
+        assert bool((mask.sum(1) > 0).all())
+        comps = torch.stack([r.correct, r.formatted, r.overlong], -1).double().view(-1, G, 3)
+        z = (comps - comps.mean(1, keepdim=True)) / (comps.std(1, keepdim=True) + 1e-4)
+        s = (z * torch.tensor([1.0, 0.5, 1.0], dtype=torch.float64)).sum(-1).reshape(-1)
+        want = (s - s.mean()) / (s.std() + 1e-4)
+        assert rec.advantages[:, 0].tolist() == pytest.approx(want.tolist(), rel=1e-5, abs=1e-6)
+
+
 @pytest.mark.parametrize("estimator", ["grpo", "mean_only", "rloo", "reinforce", "reinforce_pp",
                                        "reinforce_pp_baseline", "ppo", "process", "remax", "opo", "grpo_passk"])
 def test_every_estimator_runs_and_computes_its_advantages(run_dir, dense_rewards, estimator):

@@ -133,19 +133,25 @@ def _context(draw, spec, rewards, lengths, T) -> AdvantageContext:
     if "greedy" in spec.needs:
         greedy = torch.tensor([draw(st.floats(-1, 1, allow_nan=False)) * scale for _ in range(P)],
                               dtype=torch.float32).double()
+    comps = weights = None
+    if "reward_components" in spec.needs:  # the reward and a second component (its sign), weights 1 and 0.5
+        comps = torch.stack([rewards, (rewards > 0).double()], dim=-1)
+        weights = torch.tensor([1.0, 0.5], dtype=torch.float64)
     return AdvantageContext(scores=rewards, token_rewards=token_rewards, mask=mask, values=values,
-                            step_rewards=step_rewards, greedy_scores=greedy)
+                            step_rewards=step_rewards, greedy_scores=greedy, reward_components=comps,
+                            reward_weights=weights)
 
 
 def _cast(ctx: AdvantageContext, dtype) -> AdvantageContext:
     c = lambda x: x.to(dtype) if isinstance(x, torch.Tensor) else x  # noqa: E731
     return AdvantageContext(scores=c(ctx.scores), token_rewards=c(ctx.token_rewards), mask=c(ctx.mask),
-                            values=c(ctx.values), step_rewards=ctx.step_rewards, greedy_scores=c(ctx.greedy_scores))
+                            values=c(ctx.values), step_rewards=ctx.step_rewards, greedy_scores=c(ctx.greedy_scores),
+                            reward_components=c(ctx.reward_components), reward_weights=c(ctx.reward_weights))
 
 
 def _transform(ctx: AdvantageContext, fn) -> AdvantageContext:
     """Apply ``fn`` to every reward input (scores, token rewards at the valid tokens, greedy scores,
-    step rewards); values and masks unchanged."""
+    step rewards, each reward component); values, masks and component weights unchanged."""
     tr = torch.where(ctx.token_rewards != 0, fn(ctx.token_rewards), ctx.token_rewards)
     lengths = ctx.mask.sum(-1).long()
     for b in range(tr.shape[0]):
@@ -154,7 +160,9 @@ def _transform(ctx: AdvantageContext, fn) -> AdvantageContext:
     steps = None if ctx.step_rewards is None else [[(e, float(fn(torch.tensor(r, dtype=torch.float64))))
                                                      for e, r in row] for row in ctx.step_rewards]
     return AdvantageContext(scores=fn(ctx.scores), token_rewards=tr, mask=ctx.mask, values=ctx.values,
-                            step_rewards=steps, greedy_scores=None if ctx.greedy_scores is None else fn(ctx.greedy_scores))
+                            step_rewards=steps, greedy_scores=None if ctx.greedy_scores is None else fn(ctx.greedy_scores),
+                            reward_components=None if ctx.reward_components is None else fn(ctx.reward_components),
+                            reward_weights=ctx.reward_weights)
 
 
 def _permute(ctx: AdvantageContext, perm: torch.Tensor) -> AdvantageContext:
@@ -164,7 +172,9 @@ def _permute(ctx: AdvantageContext, perm: torch.Tensor) -> AdvantageContext:
     pick = lambda x: None if x is None else x[rows]  # noqa: E731
     return AdvantageContext(scores=ctx.scores[:, perm], token_rewards=ctx.token_rewards[rows], mask=ctx.mask[rows],
                             values=pick(ctx.values), greedy_scores=ctx.greedy_scores,
-                            step_rewards=None if ctx.step_rewards is None else [ctx.step_rewards[r] for r in rows.tolist()])
+                            step_rewards=None if ctx.step_rewards is None else [ctx.step_rewards[r] for r in rows.tolist()],
+                            reward_components=None if ctx.reward_components is None else ctx.reward_components[:, perm],
+                            reward_weights=ctx.reward_weights)
 
 
 def _estimate(spec, params, ctx):

@@ -212,7 +212,9 @@ def dry_run(algo: Algorithm, group_size: int) -> None:
     ctx = AdvantageContext(scores=scores, token_rewards=token_rewards, mask=mask,
                            values=torch.zeros(2 * G, 3) if algo.needs("values") else None,
                            step_rewards=[[(2, 1.0)]] * (2 * G) if algo.needs("step_rewards") else None,
-                           greedy_scores=torch.tensor([0.5, 0.0]) if algo.needs("greedy") else None)
+                           greedy_scores=torch.tensor([0.5, 0.0]) if algo.needs("greedy") else None,
+                           reward_components=torch.stack([scores, 1 - scores], -1) if algo.needs("reward_components") else None,
+                           reward_weights=torch.ones(2) if algo.needs("reward_components") else None)
     logp = -torch.rand(2 * G, 3, generator=torch.Generator().manual_seed(0)) - 0.1
     adv = algo.estimator(ctx).advantages
     algo.policy_loss(logp.requires_grad_(), logp.detach() - 0.05, adv, mask)

@@ -50,6 +50,9 @@ class AdvantageContext:
         step_rewards: per row, a list of ``(end_index, reward)`` with the
             inclusive token index where a reasoning step ends (``process`` only).
         greedy_scores: ``[P]`` reward of each prompt's greedy completion (``remax`` only).
+        reward_components: ``[P, G, K]`` the reward's named components before they are summed
+            (correctness, format, overlong penalty, the rest of the shaping; ``gdpo`` only), and
+            ``reward_weights`` ``[K]`` the weight of each in the summed reward.
         state: persistent estimator state across steps (EMA baseline); keep the
             same dict alive between calls.
     """
@@ -61,6 +64,8 @@ class AdvantageContext:
     step_rewards: Optional[List[List[Tuple[int, float]]]] = None
     state: dict = field(default_factory=dict)
     greedy_scores: Optional[Tensor] = None
+    reward_components: Optional[Tensor] = None
+    reward_weights: Optional[Tensor] = None
 
 
 @dataclass
@@ -117,7 +122,8 @@ def in_float64(fn: Callable) -> Callable:
         tr = ctx.token_rewards
         dtype = tr.dtype if isinstance(tr, Tensor) and tr.is_floating_point() else torch.get_default_dtype()
         wide = dataclasses.replace(ctx, scores=_f64(ctx.scores), token_rewards=_f64(tr), values=_f64(ctx.values),
-                                   greedy_scores=_f64(ctx.greedy_scores))
+                                   greedy_scores=_f64(ctx.greedy_scores),
+                                   reward_components=_f64(ctx.reward_components), reward_weights=_f64(ctx.reward_weights))
         out = fn(wide, p)
         return AdvantageOutput(advantages=out.advantages.to(dtype),
                                returns=None if out.returns is None else out.returns.to(dtype))

@@ -2,8 +2,8 @@
 
 Registered in the one estimator registry (:mod:`harness.algo.estimators`, ``TOKEN_ESTIMATORS``)
 with their params dataclass (the Hydra schema of ``advantage=<name>``) and the extra inputs
-they ``needs``: ``reinforce_pp``, ``reinforce_pp_baseline``, ``ppo``, ``remax``, ``opo`` and
-``process``. The outcome estimators (``grpo``, ``rloo``, ...) live in :mod:`.advantages` and
+they ``needs``: ``reinforce_pp``, ``reinforce_pp_baseline``, ``ppo``, ``remax``, ``opo``, ``gdpo``
+and ``process``. The outcome estimators (``grpo``, ``rloo``, ...) live in :mod:`.advantages` and
 :mod:`.rescaled`.
 
 Layout: ``P`` prompts x ``G`` completions, ``B = P * G`` rows in group-major
@@ -213,6 +213,63 @@ def opo(ctx: AdvantageContext, p: OPOParams) -> AdvantageOutput:
     return AdvantageOutput(advantages=broadcast(adv, m))
 
 
+# --------------------------------------------------------------------------- GDPO
+
+
+@dataclass
+class GDPOParams:
+    """``advantage=gdpo``: multi-reward normalise-then-sum (GDPO; TRL ``multi_objective_aggregation``)."""
+
+    name: str = "gdpo"
+    eps: float = 1e-4  # added to each std (TRL's 1e-4, both levels)
+
+
+@TOKEN_ESTIMATORS.register("gdpo", params=GDPOParams, grouped=True, needs=("reward_components",),
+                           invariances=("permutation", "shift", "scale"))
+@in_float64
+def gdpo(ctx: AdvantageContext, p: GDPOParams) -> AdvantageOutput:
+    """GDPO advantage: normalise each reward component within its group, sum them with the
+    reward's weights, then normalise the sum over the batch.
+
+        z_pgk = (c_pgk - mean_g c_pgk) / (std_g c_pgk + eps)     per component k
+        s_pg  = sum_k w_k z_pgk
+        A_pg  = (s_pg - mean_{p,g} s) / (std_{p,g} s + eps)
+
+    stds Bessel-corrected, on every token of the row. Source: GDPO (NVIDIA 2026, "Group reward-
+    Decoupled Normalization Policy Optimization", arXiv 2601.05242); TRL
+    ``multi_objective_aggregation="normalize_then_sum"`` (``GRPOTrainer._generate_and_score_
+    completions``, ``nanstd``: Bessel, ``+ 1e-4``). Summing first (GRPO on the total reward,
+    TRL's default ``sum_then_normalize``) lets the component with the widest spread in a group
+    decide its advantage; normalising first gives each component an equal say.
+
+    The components (``ctx.reward_components`` ``[P, G, K]``, weights ``ctx.reward_weights``
+    ``[K]``) are the trainer's: correctness (weight 1), format (``task.format_reward``), the
+    DAPO overlong penalty (1), and the rest of the reward shaping (length penalty, a KL placed
+    in the reward; 1). A component constant in a group contributes 0 there. Rows with no valid
+    token get 0 but, as in TRL, enter the statistics.
+
+    Raises:
+        ValueError: missing components or weights of the wrong shape, ``eps < 0``, context shape
+            errors, ``G < 2``.
+    """
+    P, G = check_context(ctx, "gdpo")
+    comp, w = ctx.reward_components, ctx.reward_weights
+    if comp is None or comp.dim() != 3 or tuple(comp.shape[:2]) != (P, G):
+        got = None if comp is None else tuple(comp.shape)
+        raise ValueError(f"ctx.reward_components must be [P, G, K] = [{P}, {G}, K] for estimator 'gdpo', got {got}")
+    if w is None or tuple(w.shape) != (comp.shape[2],):
+        raise ValueError(f"ctx.reward_weights must be [K] = [{comp.shape[2]}] for estimator 'gdpo', "
+                         f"got {None if w is None else tuple(w.shape)}")
+    if p.eps < 0:
+        raise ValueError(f"advantage.eps must be >= 0, got {p.eps}")
+    m = float_mask(ctx)
+    comp = comp.to(m.dtype)
+    z = (comp - comp.mean(dim=1, keepdim=True)) / (comp.std(dim=1, keepdim=True) + p.eps)
+    s = (z * w.to(m.dtype)).sum(-1)
+    std = s.std() if s.numel() > 1 else torch.zeros((), dtype=s.dtype)
+    return AdvantageOutput(advantages=broadcast((s - s.mean()) / (std + p.eps), m))
+
+
 # --------------------------------------------------------------------------- process
 
 
@@ -305,6 +362,7 @@ __all__ = [
     "reinforce_pp",
     "reinforce_pp_baseline",
     "ppo",
+    "gdpo",
     "process",
     "ReinforcePPParams",
     "ReinforcePPBaselineParams",
@@ -312,4 +370,5 @@ __all__ = [
     "ProcessParams",
     "ReMaxParams",
     "OPOParams",
+    "GDPOParams",
 ]
