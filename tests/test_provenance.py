@@ -70,8 +70,7 @@ def test_run_records_provenance_standard_tags_datasets_and_a_readable_name(run_d
 
 
 def test_data_file_hash_is_the_file_sha256(tmp_path):
-    from harness.config import GSM8KTaskConfig
-    from harness.tasks.gsm8k import GSM8KTask
+    from harness.tasks.gsm8k import GSM8KTask, GSM8KTaskConfig
 
     row = '{"question": "1+1?", "answer": "1+1=2\\n#### 2"}\n'
     for split in ("train", "test"):
