@@ -169,7 +169,7 @@ class Trainer:
     def _collect(self):
         cfg, G, P, w = self.cfg, self.cfg.group_size, self.cfg.train.prompts_per_step, self.world
         rounds = self.algo.group_filter.params.max_rounds
-        kept, kept_rewards, kept_problems, t_roll, t_rew, sampled, info = [], [], [], 0.0, 0.0, 0, {}
+        kept, kept_rewards, kept_problems, t_roll, t_rew, sampled = [], [], [], 0.0, 0.0, 0
         kept_global, generated = 0, 0
         for round_ in range(rounds):
             need = P - kept_global
@@ -185,12 +185,7 @@ class Trainer:
                 batch = self.backend.generate([self.task.prompt(p, self.tok) for p in problems], G, sampling)
                 t1 = time.perf_counter()
                 generated += int(batch.completion_mask.sum())  # filtered groups' tokens included
-                rew = compute_rewards(
-                    self.task, batch.texts, [p.gold for p in problems for _ in range(G)],
-                    batch.completion_mask.sum(1), format_weight=cfg.task.format_reward,
-                    max_new_tokens=cfg.rollout.max_new_tokens, overlong_buffer=cfg.overlong.buffer,
-                    overlong_factor=cfg.overlong.penalty,
-                )
+                rew = self._score(batch, problems, G)
                 t_roll, t_rew = t_roll + (t1 - t0), t_rew + (time.perf_counter() - t1)
                 keep = self.algo.group_filter(rew.rewards.view(-1, G))
             n_keep = w.sum(int(keep.sum()))
@@ -212,15 +207,23 @@ class Trainer:
             kept_global += n_keep
             if kept_global >= P:
                 break
-        info["train/groups_kept"] = kept_global
         if kept:
             batch, rew = concat_batches(kept, self.tok.pad_token_id), _cat_rewards(kept_rewards)
         else:  # data-parallel: every group of this rank was filtered out
             batch, rew = empty_batch(G, self.tok.pad_token_id), _empty_rewards()
         problems = [p for ps in kept_problems for p in ps]
-        info.update({"time/rollout_s": t_roll, "time/reward_s": t_rew, "train/prompts_sampled": sampled,
-                     "perf/rollout_tokens": float(w.sum(generated))})
+        info = {"train/groups_kept": kept_global, "time/rollout_s": t_roll, "time/reward_s": t_rew,
+                "train/prompts_sampled": sampled, "perf/rollout_tokens": float(w.sum(generated))}
         return batch, rew, problems, info
+
+    def _score(self, batch: RolloutBatch, problems: list, n: int) -> RewardOutput:
+        """The rewards of ``batch``'s completions, ``n`` per problem (rows problem-major), ``[B]``
+        each: the verifier's verdicts, the format bonus and the overlong penalty."""
+        cfg = self.cfg
+        return compute_rewards(self.task, batch.texts, [p.gold for p in problems for _ in range(n)],
+                               batch.completion_mask.sum(1), format_weight=cfg.task.format_reward,
+                               max_new_tokens=cfg.rollout.max_new_tokens, overlong_buffer=cfg.overlong.buffer,
+                               overlong_factor=cfg.overlong.penalty)
 
     # ---------------------------------------------------------------------- step
     def _length_shaped(self, rewards, cmask, prompt_mask):
@@ -374,16 +377,12 @@ class Trainer:
     def _greedy_scores(self, problems) -> torch.Tensor:
         """``[P]`` reward of one greedy completion per prompt (for estimators that need it, ReMax),
         scored exactly as the sampled ones."""
-        cfg = self.cfg
         with full_weights(self.policy):  # entered by every rank, even one with no prompts
             if not problems:
                 return torch.zeros(0)
-            greedy = SamplingParams(temperature=0.0, max_new_tokens=cfg.rollout.max_new_tokens)
+            greedy = SamplingParams(temperature=0.0, max_new_tokens=self.cfg.rollout.max_new_tokens)
             out = self.backend.generate([self.task.prompt(p, self.tok) for p in problems], 1, greedy)
-        rew = compute_rewards(self.task, out.texts, [p.gold for p in problems], out.completion_mask.sum(1),
-                              format_weight=cfg.task.format_reward, max_new_tokens=cfg.rollout.max_new_tokens,
-                              overlong_buffer=cfg.overlong.buffer, overlong_factor=cfg.overlong.penalty)
-        return rew.rewards
+        return self._score(out, problems, 1).rewards
 
     def _update(self, tb: TrainBatch) -> dict:
         """``mu`` optimizer steps on ``tb``; the statistics (logged as ``train/<name>``) are means
