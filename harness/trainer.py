@@ -12,6 +12,7 @@ import logging
 import math
 import shutil
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -29,6 +30,7 @@ from harness.perf import PeakMemory
 from harness.precision import compute_dtype
 from harness.rewards import RewardOutput, compute_rewards, process_step_rewards, shape_rewards
 from harness.rollout import RolloutBatch, SamplingParams, concat_batches, empty_batch
+from harness.step_metrics import StepOutputs, step_metrics
 from harness.update import TrainBatch, batched_logprobs, padding_waste, policy_pass
 
 log = logging.getLogger(__name__)
@@ -167,7 +169,7 @@ class Trainer:
     def _collect(self):
         cfg, G, P, w = self.cfg, self.cfg.group_size, self.cfg.train.prompts_per_step, self.world
         rounds = self.algo.group_filter.params.max_rounds
-        kept, kept_rewards, kept_problems, t_roll, t_rew, sampled, info = [], [], [], 0.0, 0.0, 0, {}
+        kept, kept_rewards, kept_problems, t_roll, t_rew, sampled = [], [], [], 0.0, 0.0, 0
         kept_global, generated = 0, 0
         for round_ in range(rounds):
             need = P - kept_global
@@ -183,12 +185,7 @@ class Trainer:
                 batch = self.backend.generate([self.task.prompt(p, self.tok) for p in problems], G, sampling)
                 t1 = time.perf_counter()
                 generated += int(batch.completion_mask.sum())  # filtered groups' tokens included
-                rew = compute_rewards(
-                    self.task, batch.texts, [p.gold for p in problems for _ in range(G)],
-                    batch.completion_mask.sum(1), format_weight=cfg.task.format_reward,
-                    max_new_tokens=cfg.rollout.max_new_tokens, overlong_buffer=cfg.overlong.buffer,
-                    overlong_factor=cfg.overlong.penalty,
-                )
+                rew = self._score(batch, problems, G)
                 t_roll, t_rew = t_roll + (t1 - t0), t_rew + (time.perf_counter() - t1)
                 keep = self.algo.group_filter(rew.rewards.view(-1, G))
             n_keep = w.sum(int(keep.sum()))
@@ -210,15 +207,23 @@ class Trainer:
             kept_global += n_keep
             if kept_global >= P:
                 break
-        info["train/groups_kept"] = kept_global
         if kept:
             batch, rew = concat_batches(kept, self.tok.pad_token_id), _cat_rewards(kept_rewards)
         else:  # data-parallel: every group of this rank was filtered out
             batch, rew = empty_batch(G, self.tok.pad_token_id), _empty_rewards()
         problems = [p for ps in kept_problems for p in ps]
-        info.update({"time/rollout_s": t_roll, "time/reward_s": t_rew, "train/prompts_sampled": sampled,
-                     "perf/rollout_tokens": float(w.sum(generated))})
+        info = {"train/groups_kept": kept_global, "time/rollout_s": t_roll, "time/reward_s": t_rew,
+                "train/prompts_sampled": sampled, "perf/rollout_tokens": float(w.sum(generated))}
         return batch, rew, problems, info
+
+    def _score(self, batch: RolloutBatch, problems: list, n: int) -> RewardOutput:
+        """The rewards of ``batch``'s completions, ``n`` per problem (rows problem-major), ``[B]``
+        each: the verifier's verdicts, the format bonus and the overlong penalty."""
+        cfg = self.cfg
+        return compute_rewards(self.task, batch.texts, [p.gold for p in problems for _ in range(n)],
+                               batch.completion_mask.sum(1), format_weight=cfg.task.format_reward,
+                               max_new_tokens=cfg.rollout.max_new_tokens, overlong_buffer=cfg.overlong.buffer,
+                               overlong_factor=cfg.overlong.penalty)
 
     # ---------------------------------------------------------------------- step
     def _length_shaped(self, rewards, cmask, prompt_mask):
@@ -242,39 +247,77 @@ class Trainer:
         return self.entropy_coef if self.algo.entropy_control.params.applies(self.last_entropy) else 0.0
 
     def train_step(self) -> dict:
-        """One rollout + ``mu`` optimisation passes; returns the step's metrics."""
-        cfg, G, mb = self.cfg, self.cfg.group_size, self.cfg.train.micro_batch_size
+        """One step, read as the data path: rollout -> log-probs -> rewards (length shaping, KL
+        placed in the reward) -> advantages (the estimator on the global batch) -> ``mu`` updates
+        -> weight sync -> metrics -> the KL and entropy controllers. Returns the step's metrics."""
         t_start = time.perf_counter()
         with progress.phase("rollout"):
             batch, rew, problems, info = self.collect()
-        cmask = batch.completion_mask
-        loss_mask = cmask.clone()
-        if cfg.overlong.mask_truncated:
-            loss_mask[batch.truncated] = 0
-        args = (batch.prompt_ids, batch.prompt_mask, batch.completion_ids, cmask)
+        old, ref, values, times = self._logprob_passes(batch)
+        rewards = self._length_shaped(rew.rewards, batch.completion_mask, batch.prompt_mask)
+        scores, token_rewards = shape_rewards(rewards, batch.completion_mask, old, ref, self.algo.kl, beta=self.kl_coef)
+        with progress.phase("greedy rollout"):
+            greedy = self._greedy_scores(problems) if self.algo.needs("greedy") else None
+        ctx = self._advantage_context(batch, rew, rewards, scores, token_rewards, values, greedy)
+        adv = self.algo.estimator(ctx)
+        # each rank trains on its own rows of the global advantages
+        first, n, width = self.world.row_offset(batch.num_sequences), batch.num_sequences, batch.completion_mask.shape[1]
+        local_adv = adv.advantages[first : first + n, :width]
+        local_returns = adv.returns[first : first + n, :width] if adv.returns is not None else None
+        loss_mask = self._loss_mask(batch)
+        tb = TrainBatch(batch.prompt_ids, batch.prompt_mask, batch.completion_ids, loss_mask,
+                        local_adv, old, ref, values, local_returns, sampler_logprobs=batch.sampler_logprobs)
+        lr = self.sched.get_last_lr()[0]  # the learning rate this step's update uses
+        with progress.phase("update"), _timed(times, "time/update_s"):
+            stats = self._update(tb)
+        self.step += 1
+        self._refresh_reference()
+        with _timed(times, "time/weight_sync_s"):
+            self.backend.sync_weights(self.policy)  # into the rollout engine (vLLM); the hf backend shares the module
+        times["time/step_s"] = time.perf_counter() - t_start
+        metrics = step_metrics(StepOutputs(
+            batch, rew, rewards, ctx.mask, adv.advantages, info, stats, self._controls(lr), times,
+            elapsed_s=self.elapsed_before + time.time() - self.start_time, padding_waste=self._padding_waste(batch),
+            param_frac=self.param_frac, mismatch=self._mismatch_stats(batch, old, loss_mask)), self.world)
+        self._move_controllers(metrics, n_samples=ctx.mask.shape[0])
+        G = self.cfg.group_size
+        self._last = StepRecord(self.step, batch, rew, ctx.scores[first // G : (first + n) // G], local_adv,
+                                local_returns, loss_mask, metrics, greedy, self._first_logprobs)
+        return metrics
 
-        algo, fwd = self.algo, self.algo.forward
-        share = fwd.share_prefix
-        lp_kw = dict(temperature=fwd.temperature, chunk=fwd.chunk, micro_batch_size=mb, share_prefix=share,
-                     precision=fwd.precision)
-        need_old = algo.needs_old_logprobs
+    def _loss_mask(self, batch: RolloutBatch) -> torch.Tensor:
+        """``[b, T]`` the tokens the loss uses: the completion tokens, without the truncated
+        completions' under ``overlong.mask_truncated``."""
+        loss_mask = batch.completion_mask.clone()
+        if self.cfg.overlong.mask_truncated:
+            loss_mask[batch.truncated] = 0
+        return loss_mask
+
+    def _logprob_passes(self, batch: RolloutBatch):
+        """The forward passes before the update, each run only when the algorithm needs it: the
+        policy's old log-probs, the reference's log-probs, the critic's values (``[b, T]`` each,
+        else None), and their times (seconds: ``time/logprob_s`` all three, then each)."""
+        fwd, args = self.algo.forward, (batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask)
+        kw = dict(temperature=fwd.temperature, chunk=fwd.chunk, micro_batch_size=self.cfg.train.micro_batch_size,
+                  share_prefix=fwd.share_prefix, precision=fwd.precision)
         t0 = time.perf_counter()
         with full_weights(self.policy), progress.phase("old log-probs"):
-            old = batched_logprobs(self.policy, *args, **lp_kw) if need_old else None
+            old = batched_logprobs(self.policy, *args, **kw) if self.algo.needs_old_logprobs else None
         t_old = time.perf_counter() - t0
         with full_weights(self.ref), progress.phase("reference log-probs"):
-            ref = batched_logprobs(self.ref, *args, **lp_kw) if self.ref is not None else None
+            ref = batched_logprobs(self.ref, *args, **kw) if self.ref is not None else None
         t_ref = time.perf_counter() - t0 - t_old
         with progress.phase("critic values"):
-            values = self.critic.values(*args, mb) if self.critic is not None else None
-        t_logprob = time.perf_counter() - t0
+            values = self.critic.values(*args, self.cfg.train.micro_batch_size) if self.critic is not None else None
+        t_all = time.perf_counter() - t0
+        return old, ref, values, {"time/logprob_s": t_all, "time/old_logprob_s": t_old, "time/ref_logprob_s": t_ref,
+                                  "time/value_s": t_all - t_old - t_ref}
 
-        # The estimator sees the global batch (all ranks' rows, rank order); each rank keeps its rows.
-        w, n_local, t_local = self.world, batch.num_sequences, cmask.shape[1]
-        rewards = self._length_shaped(rew.rewards, cmask, batch.prompt_mask)
-        scores, token_rewards = shape_rewards(rewards, cmask, old, ref, algo.kl, beta=self.kl_coef)
-        with progress.phase("greedy rollout"):
-            greedy = self._greedy_scores(problems) if algo.needs("greedy") else None
+    def _advantage_context(self, batch, rew, rewards, scores, token_rewards, values, greedy) -> AdvantageContext:
+        """The estimator's input over the global batch (all ranks' rows, rank order): the scores
+        ``[P, G]``, token rewards and mask ``[N, T]``, and what the estimator declares it needs
+        (critic values, step rewards, the greedy scores, the reward's components)."""
+        algo, w, G, cmask = self.algo, self.world, self.cfg.group_size, batch.completion_mask
         steps = None
         if algo.needs("step_rewards"):
             steps = process_step_rewards(self.task, self.tok, batch.texts, batch.completion_ids, cmask, rewards)
@@ -285,113 +328,61 @@ class Trainer:
         if algo.needs("reward_components"):  # the summed reward's parts, each with its weight in the sum
             parts = (rew.correct, rew.formatted, rew.overlong, scores - rew.rewards)  # the last: length, KL shaping
             comps = torch.stack([w.gather_rows(x.to(scores.dtype)) for x in parts], dim=-1).view(-1, G, len(parts))
-            weights = torch.tensor([1.0, float(cfg.task.format_reward), 1.0, 1.0], dtype=scores.dtype)
-        ctx = AdvantageContext(scores=w.gather_rows(scores).view(-1, G), token_rewards=w.gather_rows(token_rewards),
-                               mask=gmask, values=w.gather_rows(values), step_rewards=steps, state=self.adv_state,
-                               greedy_scores=w.gather_rows(greedy), reward_components=comps, reward_weights=weights)
-        adv = algo.estimator(ctx)
-        first = w.row_offset(n_local)
-        local_adv = adv.advantages[first : first + n_local, :t_local]
-        local_returns = adv.returns[first : first + n_local, :t_local] if adv.returns is not None else None
+            weights = torch.tensor([1.0, float(self.cfg.task.format_reward), 1.0, 1.0], dtype=scores.dtype)
+        return AdvantageContext(scores=w.gather_rows(scores).view(-1, G), token_rewards=w.gather_rows(token_rewards),
+                                mask=gmask, values=w.gather_rows(values), step_rewards=steps, state=self.adv_state,
+                                greedy_scores=w.gather_rows(greedy), reward_components=comps, reward_weights=weights)
 
-        t0 = time.perf_counter()
-        tb = TrainBatch(batch.prompt_ids, batch.prompt_mask, batch.completion_ids, loss_mask,
-                        local_adv, old, ref, values, local_returns, sampler_logprobs=batch.sampler_logprobs)
-        lr = self.sched.get_last_lr()[0]  # the learning rate this step's update uses
-        with progress.phase("update"):
-            stats = self._update(tb)
-        t_update = time.perf_counter() - t0
-        self.step += 1
-        refresh = algo.kl.ref_refresh_steps
+    def _refresh_reference(self) -> None:
+        """Copy the policy into the reference every ``kl.ref_refresh_steps`` steps (0: never)."""
+        refresh = self.algo.kl.ref_refresh_steps
         if self.ref is not None and refresh and self.step % refresh == 0:
             self.ref.load_state_dict(self.policy.state_dict())  # sharded: shard to shard, same layout
-        t0 = time.perf_counter()
-        self.backend.sync_weights(self.policy)  # into the rollout engine (vLLM); the hf backend shares the module
-        t_sync = time.perf_counter() - t0
 
-        step_s = w.max(time.perf_counter() - t_start)
-        grew = RewardOutput(*(w.gather_rows(getattr(rew, f)) for f in ("rewards", "correct", "formatted", "overlong")),
-                            w.sum_dict(rew.verifier))
-        r = grew.rewards.view(-1, G)
-        lengths = gmask.sum(1)
-        n_tokens = float(gmask.sum())
-        n_trained = float(w.sum(float(batch.prompt_mask.sum()))) + n_tokens  # real prompt + completion tokens
-        metrics = {
-            "train/reward_mean": float(grew.rewards.mean()), "train/reward_std": float(grew.rewards.std()),
-            "train/accuracy": float(grew.correct.float().mean()), "train/format_rate": float(grew.formatted.float().mean()),
-            "train/overlong_penalty": float(grew.overlong.mean()),
-            **({"train/length_penalty": float((w.gather_rows(rewards) - grew.rewards).mean())}
-               if rewards is not rew.rewards else {}),
-            "train/frac_reward_zero_std": float((r.std(dim=1) == 0).float().mean()),
-            "train/completion_len_mean": float(lengths.float().mean()),
-            "train/completion_len_max": float(lengths.max()),
-            **completion_len_by_outcome(lengths, grew.correct, "train"),
-            "train/clipped_ratio": float(w.gather_rows(batch.truncated).float().mean()),
-            "train/advantage_abs_mean": float((adv.advantages.abs() * gmask).sum() / max(n_tokens, 1)),
-            "train/lr": lr, "train/kl_coef": self.kl_coef,
-            "train/entropy_coef": self.entropy_coef,  # the controller's coefficient, as TRL logs it
-            "train/entropy_bonus_applied": float(self.step_entropy_coef == self.entropy_coef), "train/skipped_updates": float(self.skipped),
-            "time/logprob_s": t_logprob, "time/old_logprob_s": t_old, "time/ref_logprob_s": t_ref,
-            "time/value_s": t_logprob - t_old - t_ref, "time/update_s": t_update, "time/step_s": step_s,
-            "time/weight_sync_s": t_sync,
-            "time/elapsed_s": self.elapsed_before + time.time() - self.start_time,
-            "perf/tokens_per_s": n_tokens / step_s, "perf/completion_tokens": n_tokens,
-            "perf/param_shard_frac": w.max(self.param_frac),
-            "perf/padding_waste": w.sum(padding_waste(batch.prompt_mask, cmask, mb, batch.prompt_ids if share else None))
-            / w.world_size,
-            **info, **{f"train/{k}": v for k, v in stats.items()},
-            "verifier/timeouts": grew.verifier.get("verifier/timeouts", 0.0),
-            "verifier/errors": grew.verifier.get("verifier/errors", 0.0),
-        }
-        if fwd.temperature > 0:  # the sampler's log-probs against the trainer's (same on every rank)
-            metrics.update(self._mismatch_metrics(batch, old, loss_mask))
-        for k in ("time/logprob_s", "time/old_logprob_s", "time/ref_logprob_s", "time/value_s", "time/update_s",
-                  "time/rollout_s", "time/reward_s", "time/weight_sync_s"):
-            metrics[k] = w.max(metrics[k])  # the slowest rank sets the step's pace
-        metrics.update(throughput(metrics, n_trained, w.world_size))
-        if "train/kl" in metrics:  # the controller sets the next step's coefficient
-            # n_samples: the step's completions over all ranks (grew is gathered), as one process has
-            self.kl_coef = algo.kl.next_beta(self.kl_coef, metrics["train/kl"], int(grew.rewards.numel()))
-        if "train/entropy" in metrics:  # and the entropy controller the next step's bonus
-            self.entropy_coef = algo.entropy_control(self.entropy_coef, metrics["train/entropy"])
-            self.last_entropy = metrics["train/entropy"]
-        self._last = StepRecord(self.step, batch, rew, ctx.scores[first // G : (first + n_local) // G], local_adv,
-                                local_returns, loss_mask, metrics, greedy, self._first_logprobs)
-        return metrics
+    # ------------------------------------------------------------------- metrics
+    def _controls(self, lr: float) -> dict:
+        """The trainer's own scalars of this step, logged as they are."""
+        return {"train/lr": lr, "train/kl_coef": self.kl_coef,
+                "train/entropy_coef": self.entropy_coef,  # the controller's coefficient, as TRL logs it
+                "train/entropy_bonus_applied": float(self.step_entropy_coef == self.entropy_coef),
+                "train/skipped_updates": float(self.skipped)}
 
-    def _mismatch_metrics(self, batch, old, loss_mask) -> dict:
-        """``rollout/*``: how far the sampler's log-probs are from the trainer's under the same
-        weights (``old`` when computed, else the first update pass's), over the loss tokens of the
-        global batch (:func:`harness.algo.mismatch_stats`); empty when the backend reports none."""
-        w = self.world
+    def _padding_waste(self, batch: RolloutBatch) -> float:
+        """This rank's :func:`harness.update.padding_waste` of the training forwards."""
+        prompt_ids = batch.prompt_ids if self.algo.forward.share_prefix else None
+        return padding_waste(batch.prompt_mask, batch.completion_mask, self.cfg.train.micro_batch_size, prompt_ids)
+
+    def _mismatch_stats(self, batch, old, loss_mask) -> Optional[dict]:
+        """This rank's :func:`harness.algo.mismatch_stats`: the sampler's log-probs against the
+        trainer's under the same weights (``old`` when computed, else the first update pass's), over
+        its loss tokens; no tokens when the backend reports none; None (not measured) when the
+        forward temperature is 0."""
+        if self.algo.forward.temperature <= 0:
+            return None
         if batch.sampler_logprobs is None:
-            local = mismatch_stats(torch.zeros(0, 1), torch.zeros(0, 1), torch.zeros(0, 1), 1.0)
-        else:
-            trainer = old if old is not None else self._first_logprobs
-            local = mismatch_stats(trainer, batch.sampler_logprobs, loss_mask, self.algo.rollout_correction.params.cap)
-        sums = w.sum_dict({k: local[k] for k in ("tokens", "abs_diff_sum", "ratio_sum", "past_cap")})
-        if sums["tokens"] == 0:
-            return {}
-        return {"rollout/logprob_diff_mean": sums["abs_diff_sum"] / sums["tokens"],
-                "rollout/logprob_diff_max": w.max(local["abs_diff_max"]),
-                "rollout/is_ratio_mean": sums["ratio_sum"] / sums["tokens"],
-                "rollout/is_ratio_min": -w.max(-local["ratio_min"]),
-                "rollout/is_ratio_max": w.max(local["ratio_max"]),
-                "rollout/is_frac_past_cap": sums["past_cap"] / sums["tokens"]}
+            return mismatch_stats(torch.zeros(0, 1), torch.zeros(0, 1), torch.zeros(0, 1), 1.0)
+        trainer = old if old is not None else self._first_logprobs
+        return mismatch_stats(trainer, batch.sampler_logprobs, loss_mask, self.algo.rollout_correction.params.cap)
+
+    def _move_controllers(self, metrics: dict, n_samples: int) -> None:
+        """The KL controller sets the next step's coefficient from this step's ``train/kl`` (over
+        ``n_samples``, the step's completions over all ranks, as one process has them), the
+        entropy controller the next step's bonus from ``train/entropy``."""
+        if "train/kl" in metrics:
+            self.kl_coef = self.algo.kl.next_beta(self.kl_coef, metrics["train/kl"], n_samples)
+        if "train/entropy" in metrics:
+            self.entropy_coef = self.algo.entropy_control(self.entropy_coef, metrics["train/entropy"])
+            self.last_entropy = metrics["train/entropy"]
 
     def _greedy_scores(self, problems) -> torch.Tensor:
         """``[P]`` reward of one greedy completion per prompt (for estimators that need it, ReMax),
         scored exactly as the sampled ones."""
-        cfg = self.cfg
         with full_weights(self.policy):  # entered by every rank, even one with no prompts
             if not problems:
                 return torch.zeros(0)
-            greedy = SamplingParams(temperature=0.0, max_new_tokens=cfg.rollout.max_new_tokens)
+            greedy = SamplingParams(temperature=0.0, max_new_tokens=self.cfg.rollout.max_new_tokens)
             out = self.backend.generate([self.task.prompt(p, self.tok) for p in problems], 1, greedy)
-        rew = compute_rewards(self.task, out.texts, [p.gold for p in problems], out.completion_mask.sum(1),
-                              format_weight=cfg.task.format_reward, max_new_tokens=cfg.rollout.max_new_tokens,
-                              overlong_buffer=cfg.overlong.buffer, overlong_factor=cfg.overlong.penalty)
-        return rew.rewards
+        return self._score(out, problems, 1).rewards
 
     def _update(self, tb: TrainBatch) -> dict:
         """``mu`` optimizer steps on ``tb``; the statistics (logged as ``train/<name>``) are means
@@ -622,30 +613,6 @@ TIMED_METRICS = ("time/", "system/", "perf/tokens_per_s", "perf/peak_mem", "perf
 agree in every other metric (the rerun, resume and kill tests compare the rest)."""
 
 
-def throughput(m: dict, trained_tokens: float, processes: int) -> dict:
-    """A step's throughput, named and defined as xtuner's RL trainer names them (tokens per
-    process per second; per GPU on a GPU machine):
-
-    * ``perf/rollout_tgs``: completion tokens generated (filtered groups' included,
-      ``perf/rollout_tokens``) / generation time (``time/rollout_s``, the slowest rank's) / processes;
-    * ``perf/training_tgs``: tokens trained on (real prompt + completion tokens of the kept rows,
-      the prompt counted once per row) / training time (old, reference and value passes plus the
-      update: ``time/logprob_s + time/update_s``) / processes;
-    * ``perf/effective_tgs``: the same tokens / the whole step (``time/step_s``) / processes;
-    * ``perf/weight_sync_frac``: ``time/weight_sync_s`` (loading the weights into the rollout
-      engine; ~0 for the hf backend, which samples with the training module) / ``time/step_s``.
-
-    A phase that took no time gives no rate (the key is left out, never logged as 0 or inf).
-    """
-    out = {"perf/weight_sync_frac": m["time/weight_sync_s"] / m["time/step_s"]}
-    for key, tokens, seconds in (("perf/rollout_tgs", m["perf/rollout_tokens"], m["time/rollout_s"]),
-                                 ("perf/training_tgs", trained_tokens, m["time/logprob_s"] + m["time/update_s"]),
-                                 ("perf/effective_tgs", trained_tokens, m["time/step_s"])):
-        if seconds > 0:
-            out[key] = tokens / seconds / processes
-    return out
-
-
 SPLIT = (("rollout", "time/rollout_s"), ("reward", "time/reward_s"), ("log-probs", "time/logprob_s"),
          ("update", "time/update_s"))
 """The phases of a step's line and the ``time/*`` metric each is read from."""
@@ -657,6 +624,14 @@ def _phase_split(m: dict, t_eval: float | None) -> str:
     if t_eval is not None:
         parts.append(f"eval {t_eval:.1f}")
     return f"{m['time/step_s'] + (t_eval or 0.0):.1f} s: {', '.join(parts)}"
+
+
+@contextmanager
+def _timed(times: dict, key: str):
+    """Set ``times[key]`` to the seconds the ``with`` block took."""
+    t0 = time.perf_counter()
+    yield
+    times[key] = time.perf_counter() - t0
 
 
 def _accumulate(total: dict, new: dict, n: int) -> None:
