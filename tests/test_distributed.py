@@ -100,15 +100,15 @@ KEYS = ["train/loss", "train/grad_norm", "train/reward_mean", "train/advantage_a
         "perf/completion_tokens", "train/groups_kept", "train/prompts_sampled", "eval/accuracy", "eval/completion_len_mean"]
 
 
-def record(out: Path) -> dict:
-    """The one MLflow run in ``out``: its tags and the metric histories of ``KEYS`` (step -> value)."""
+def record(out: Path, keys=KEYS) -> dict:
+    """The one MLflow run in ``out``: its tags and the metric histories of ``keys`` (step -> value)."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name("grpo-harness").experiment_id])
     assert len(runs) == 1, f"{len(runs)} MLflow runs in {out}"
     hist = {}
-    for k in KEYS:
+    for k in keys:
         ms = client.get_metric_history(runs[0].info.run_id, k)
         assert len({m.step for m in ms}) == len(ms), f"{k}: a step logged twice"
         hist[k] = {m.step: m.value for m in ms}
@@ -149,7 +149,7 @@ def assert_weights_close(wa: dict, wb: dict, steps: int, float32: bool = False, 
 
 
 def assert_same(one: Path, two: Path, steps: int, tiny_dir: Path, keys=KEYS, float32: bool = False):
-    a, b = record(one), record(two)
+    a, b = record(one, keys), record(two, keys)
     assert b["tags"]["world_size"] == "2" and a["tags"]["world_size"] == "1"
     assert a["status"] == b["status"] == "FINISHED"
     assert_close(a, b, keys, float32)
@@ -217,6 +217,18 @@ def test_two_ranks_equal_one_with_dapo_dynamic_sampling(tiny_dir, tmp_path):
     a, _ = assert_same(one, two, 3, tiny_dir)
     assert max(a["train/prompts_sampled"].values()) > 4, "no group was filtered: the case tests nothing"
     assert min(a["train/groups_kept"].values()) >= 1
+
+
+def test_two_ranks_equal_one_with_length_penalty_gdpo_and_adaptive_entropy(tiny_dir, tmp_path):
+    """The knobs that take group statistics over the global batch (length_penalty, gdpo's
+    per-component normalisation) and the entropy controller's state: 2 ranks = 1 process."""
+    extra = ["length_penalty=linear", "advantage=gdpo", "task.format_reward=0.5", "entropy_coef=0.01",
+             "entropy_control=adaptive", "entropy_control.target=100.0", "checkpoint.every=0", F64]
+    one, two = pair(tiny_dir, tmp_path, "lpgdpo", steps=2, extra=extra)
+    keys = [*KEYS, "train/length_penalty", "train/entropy_coef", "train/entropy_bonus_applied"]
+    a, _ = assert_same(one, two, 2, tiny_dir, keys=keys)
+    assert any(v != 0 for v in a["train/length_penalty"].values()), "the penalty never acted: the case tests nothing"
+    assert a["train/entropy_bonus_applied"][2] == 1.0
 
 
 def _rank_pid(mark: str, rank: int) -> int | None:
