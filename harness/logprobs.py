@@ -6,16 +6,15 @@ as transformers ``generate`` computes them), and logits divided by the sampling 
 so that on-policy the ratio pi/pi_old is exactly 1.
 
 Memory: the ``[B, T, V]`` logits tensor (49,152 x 4 bytes per token for SmolLM2) is never
-built for the whole batch. The LM head runs over chunks of ``chunk`` tokens under activation
-checkpointing, so each chunk's logits live only while that chunk is processed (forward and
-again in backward).
+built for the whole batch. The LM head runs over chunks of ``chunk`` tokens, each chunk one
+fused autograd node (:class:`LinearLogSoftmaxGather`) that recomputes its logits in backward,
+so each chunk's logits live only while that chunk is processed (forward and again in backward).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 from harness.kv import cache_kwarg, prompt_cache, prompt_groups
 from harness.precision import upcast
@@ -102,8 +101,80 @@ def shared_prefix_hidden(model, prompt_ids, prompt_mask, completion_ids, complet
     return torch.cat([last_prompt.unsqueeze(1), out_c.last_hidden_state[:, :-1]], dim=1)
 
 
+def _scaled_logits(hidden, weight, bias, temperature: float):
+    """``[..., V]`` logits / temperature in at least float32 (:func:`harness.precision.upcast`)."""
+    return upcast(F.linear(hidden, weight, bias)).div_(temperature)
+
+
+class LinearLogSoftmaxGather(torch.autograd.Function):
+    """LM head + log-softmax + sampled-token gather (+ entropy) as one autograd node.
+
+    Forward, for one chunk of hidden states ``h [B, c, H]``, head ``W [V, H]`` (bias ``b [V]``
+    or None), targets ``y [B, c]`` and temperature ``T``, with ``z = (h W^T + b) / T``:
+
+    * ``logp = z_y - logsumexp(z)``, the log-probability of each target token;
+    * ``entropy = -sum_v p_v log p_v`` with ``p = softmax(z)`` (nats), zeros unless asked for.
+
+    Backward recomputes ``z`` (as activation checkpointing of the unfused chunk did) and writes
+    the gradient of the logits in one pass, in closed form:
+
+    * ``d logp / d z = onehot(y) - p``;
+    * ``d entropy / d z = p * (-entropy - log p)``, i.e. ``p_v (E_p[log p] - log p_v)``;
+
+    then ``dL/dh = (dL/dz / T) W``, ``dL/dW = (dL/dz / T)^T h``, ``dL/db = sum dL/dz / T``.
+    The unfused autograd graph (logsumexp, gather, softmax) builds the same gradient from a
+    zero-filled ``[B, c, V]`` tensor that the gather's backward scatters into, plus the
+    logsumexp's and softmax's own elementwise passes; the profile of issue 28 measured the fill
+    and the scatter at ~2 s of a 12.5 s update. Same maths, so the two agree to float rounding
+    (``tests/test_logprobs.py`` checks values and all three gradients in float64 to 1e-12).
+
+    Only the ``[B, c]`` log-normaliser is kept between forward and backward; the ``[B, c, V]``
+    logits live only inside each pass, as under checkpointing.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, temperature: float, with_entropy: bool):
+        z = _scaled_logits(hidden, weight, bias, temperature)  # [B, c, V]
+        logz = torch.logsumexp(z, dim=-1)  # [B, c]
+        logp = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logz
+        if with_entropy:
+            logp_all = z.sub_(logz.unsqueeze(-1))  # log p, in place of z
+            entropy = -(logp_all.exp() * logp_all).sum(-1)
+        else:
+            entropy = torch.zeros_like(logp)
+        ctx.save_for_backward(hidden, weight, bias, targets, logz)
+        ctx.temperature = temperature
+        ctx.with_entropy = with_entropy
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp, grad_entropy):
+        hidden, weight, bias, targets, logz = ctx.saved_tensors
+        logp_all = _scaled_logits(hidden, weight, bias, ctx.temperature).sub_(logz.unsqueeze(-1))
+        probs = logp_all.exp()  # [B, c, V]
+        if ctx.with_entropy and grad_entropy is not None:
+            entropy = -(probs * logp_all).sum(-1, keepdim=True)
+            # g_H * p * (-H - log p) - g_logp * p, reusing logp_all's storage
+            grad = logp_all.neg_().sub_(entropy).mul_(grad_entropy.unsqueeze(-1))
+            grad = grad.sub_(grad_logp.unsqueeze(-1)).mul_(probs)
+        else:
+            grad = probs.mul_(grad_logp.unsqueeze(-1).neg())
+        grad.scatter_add_(-1, targets.unsqueeze(-1), grad_logp.unsqueeze(-1).to(grad.dtype))
+        grad = grad.div_(ctx.temperature).to(weight.dtype)
+        grad_hidden = grad_weight = grad_bias = None
+        if ctx.needs_input_grad[0]:
+            grad_hidden = grad @ weight
+        if ctx.needs_input_grad[1]:
+            grad_weight = grad.flatten(0, -2).T @ hidden.flatten(0, -2)
+        if bias is not None and ctx.needs_input_grad[2]:
+            grad_bias = grad.flatten(0, -2).sum(0)
+        return grad_hidden, grad_weight, grad_bias, None, None, None
+
+
 def _chunk_logprobs(hidden, weight, bias, targets, temperature: float, with_entropy: bool):
-    logits = upcast(F.linear(hidden, weight, bias)) / temperature  # [B, c, V], fp32 (fp64 model: fp64)
+    """The unfused reference of :class:`LinearLogSoftmaxGather` (plain autograd ops); the
+    no-grad passes (old / reference log-probs) and the tests use it."""
+    logits = _scaled_logits(hidden, weight, bias, temperature)  # [B, c, V], fp32 (fp64 model: fp64)
     logz = torch.logsumexp(logits, dim=-1)
     logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logz
     if not with_entropy:
@@ -141,7 +212,7 @@ def token_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_ma
     for s in range(0, hidden.shape[1], chunk):
         args = (hidden[:, s : s + chunk], weight, bias, completion_ids[:, s : s + chunk], temperature, with_entropy)
         if needs_grad:
-            lp, en = checkpoint(_chunk_logprobs, *args, use_reentrant=False)
+            lp, en = LinearLogSoftmaxGather.apply(*args)
         else:
             lp, en = _chunk_logprobs(*args)
         logps.append(lp)

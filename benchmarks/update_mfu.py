@@ -1,0 +1,121 @@
+"""The update on a real GRPO batch against the machine's matmul ceiling (issue 28, item 2).
+
+One `preset=arith_cpu`-shaped batch (4 arith 2-shot prompts x G=8, T=0.7, 48 new tokens, the
+embedded SmolLM2-135M-Instruct, fp32) is sampled once; then the update (log-probs + backward +
+AdamW step, micro-batches of 8, prefix sharing on as in the default) is timed, interleaved
+A B A B ... with the bare-matmul ceiling measured in the same process between them:
+
+* A = the fused LM head (:class:`harness.logprobs.LinearLogSoftmaxGather`, what the trainer runs);
+* B = the unfused reference (plain autograd ops under activation checkpointing: what the trainer
+  ran before issue 28), patched in for this benchmark only.
+
+FLOPs are counted from the work the update must do, not from padded slots: with prefix sharing
+each group's prompt runs once, so the tokens are ``sum over groups of prompt length + all
+completion tokens``; every token costs ``6 x N_body`` (forward 2, backward 4: the decoder's
+linear layers), every completion token also ``6 x V x H`` (the LM head), and attention adds
+``12 x L x H x context`` per token (QK^T and AV, forward and backward). Against the bare
+``[2048, 2048] @ [2048, 2048]`` fp32 GFLOP/s of the same run, that is the update's share of the
+matmul ceiling. Run the machine quiet: `python -m benchmarks.update_mfu [--rounds 3]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from datetime import date
+from pathlib import Path
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from benchmarks.run_all import arith_prompts, matmul_gflops
+from harness import logprobs
+from harness.algo import build_algorithm
+from harness.models import EMBEDDED_NAME, load_causal_lm, load_tokenizer
+from harness.rollout import SamplingParams, build_backend
+from harness.sweep import compose
+from harness.update import TrainBatch, policy_pass
+
+
+def _unfused(hidden, weight, bias, targets, temperature, with_entropy):
+    return checkpoint(logprobs._chunk_logprobs, hidden, weight, bias, targets, temperature, with_entropy,
+                      use_reentrant=False)
+
+
+def update_flops(model, batch, G: int) -> tuple[float, int]:
+    """(FLOPs of one update, tokens the forward must run) for ``batch`` with prefix sharing."""
+    cfg = model.config
+    H, L, V = cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size
+    n_body = sum(p.numel() for n, p in model.named_parameters() if "embed" not in n and "lm_head" not in n)
+    pm, cm = batch.prompt_mask, batch.completion_mask
+    flops, tokens = 0.0, 0
+    for g in range(pm.shape[0] // G):
+        tp = int(pm[g * G].sum())
+        tcs = cm[g * G:(g + 1) * G].sum(1).tolist()
+        run = tp + sum(tcs)
+        tokens += run
+        flops += 6 * n_body * run + 6 * V * H * sum(tcs)
+        # attention: each prompt token attends to ~its position, each completion token to tp + its position
+        ctx = tp * tp / 2 + sum(tc * tp + tc * tc / 2 for tc in tcs)
+        flops += 12 * L * H * ctx
+    return flops, tokens
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--out", type=Path, default=Path("results/update_mfu.json"))
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    model, tok = load_causal_lm(EMBEDDED_NAME), load_tokenizer(EMBEDDED_NAME)
+    P, G = 4, 8
+    prompts = arith_prompts(tok, P)
+    torch.manual_seed(0)
+    batch = build_backend("hf", model, tok, progress=False).generate(prompts, G, SamplingParams(0.7, 1.0, 48))
+    B, Tc = batch.completion_ids.shape
+    adv = torch.randn(B, 1, generator=torch.Generator().manual_seed(0)).expand(B, Tc) * batch.completion_mask
+    tb = TrainBatch(batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask, adv)
+    algo = build_algorithm(compose(["policy_loss.epsilon=0.2", "beta=0.0", "loss_agg=token-mean",
+                                    "rollout.temperature=0.7", "train.share_prefix=true"]))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.0)  # lr 0: the weights stay put between rounds
+    flops, tokens = update_flops(model, batch, G)
+    fused_apply = logprobs.LinearLogSoftmaxGather.apply
+
+    def update(variant: str) -> float:
+        logprobs.LinearLogSoftmaxGather.apply = fused_apply if variant == "fused" else _unfused
+        try:
+            t = time.perf_counter()
+            policy_pass(model, tb, algo, 8)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return time.perf_counter() - t
+        finally:
+            logprobs.LinearLogSoftmaxGather.apply = fused_apply
+
+    update("fused")  # warm-up
+    rows = {"fused": [], "unfused": [], "matmul": []}
+    for _ in range(args.rounds):
+        rows["matmul"].append(matmul_gflops())
+        for v in ("fused", "unfused"):
+            rows[v].append(update(v))
+    mm = sorted(rows["matmul"])[len(rows["matmul"]) // 2]
+    res = {"machine": platform.processor() or platform.machine(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+           "threads": args.threads, "date": date.today().isoformat(), "completion_tokens": int(batch.completion_mask.sum()),
+           "forward_tokens": tokens, "update_gflop": flops / 1e9, "matmul_gflops_median": mm, "raw": rows}
+    for v in ("fused", "unfused"):
+        s = min(rows[v])
+        res[v] = {"best_s": s, "mean_s": sum(rows[v]) / len(rows[v]), "gflops": flops / s / 1e9,
+                  "of_matmul": flops / s / 1e9 / mm}
+    res["speedup_fused"] = res["unfused"]["best_s"] / res["fused"]["best_s"]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(res, indent=1))
+    print(json.dumps({k: v for k, v in res.items() if k != "raw"}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
