@@ -22,6 +22,7 @@ A key added to the schema without a row fails ``test_every_schema_key_is_classif
 from __future__ import annotations
 
 import dataclasses
+import math
 import json
 import os
 import typing
@@ -170,7 +171,8 @@ KNOBS = {
     "rollout": check("check_vllm_engine"),
     "rollout/hf.backend": refused("vllm", "choose the backend with rollout=vllm"),
     "rollout/hf.temperature": math_(0.5, "rollout"),
-    "rollout/hf.top_p": refused(0.9, "rollout.top_p=0.9: expected 1.0"),
+    "rollout/hf.top_p": math_(0.5, "rollout"),  # tests/test_truncation.py: the trainer's log-probs follow
+    "rollout/hf.top_k": math_(3, "rollout"),
     "rollout/hf.max_new_tokens": math_(4, "rollout"),
     "rollout/hf.batch_size": speed(2),
     "rollout/hf.progress": book("progress bar"),
@@ -178,7 +180,8 @@ KNOBS = {
     # rollout=vllm (tests/test_vllm.py runs it end to end): each key reaches the engine or is refused
     "rollout/vllm.backend": refused("hf", "choose the backend with rollout=hf"),
     "rollout/vllm.temperature": check("check_vllm_sampling"),
-    "rollout/vllm.top_p": refused(0.9, "rollout.top_p=0.9: expected 1.0"),
+    "rollout/vllm.top_p": check("check_vllm_sampling"),
+    "rollout/vllm.top_k": check("check_vllm_sampling"),
     "rollout/vllm.max_new_tokens": check("check_vllm_sampling"),
     "rollout/vllm.batch_size": refused(2, "rollout.batch_size=2 with rollout=vllm"),
     "rollout/vllm.progress": book("progress bar"),
@@ -689,8 +692,9 @@ def check_vllm_engine(key, tmp_path, monkeypatch):
 
 
 def check_vllm_sampling(key, tmp_path, monkeypatch):
-    """rollout.temperature and rollout.max_new_tokens reach vLLM's sampling: the draws and the
-    sampler's log-probs follow them."""
+    """rollout.temperature, rollout.top_p, rollout.top_k and rollout.max_new_tokens reach vLLM's
+    sampling: the draws and the sampler's log-probs follow them (a truncated draw's log-probs are
+    renormalised over the keep set: higher; top_k=3: each >= log(1/3) up to vLLM's float32)."""
     from harness.rollout import SamplingParams
 
     cfg, task, tok, backend = _vllm_backend()
@@ -698,9 +702,16 @@ def check_vllm_sampling(key, tmp_path, monkeypatch):
     hot = backend.generate(prompts, 4, SamplingParams(temperature=1.0, max_new_tokens=12, seed=1))
     cold = backend.generate(prompts, 4, SamplingParams(temperature=0.3, max_new_tokens=12, seed=1))
     short = backend.generate(prompts, 4, SamplingParams(temperature=1.0, max_new_tokens=3, seed=1))
+    nucleus = backend.generate(prompts, 4, SamplingParams(temperature=1.0, top_p=0.5, max_new_tokens=12, seed=1))
+    top3 = backend.generate(prompts, 4, SamplingParams(temperature=1.0, top_k=3, max_new_tokens=12, seed=1))
     assert not torch.equal(hot.completion_ids, cold.completion_ids)
     m = cold.completion_mask.bool()
-    assert float(cold.sampler_logprobs[m].mean()) > float(hot.sampler_logprobs[hot.completion_mask.bool()].mean())
+    hot_mean = float(hot.sampler_logprobs[hot.completion_mask.bool()].mean())
+    assert float(cold.sampler_logprobs[m].mean()) > hot_mean
+    for b in (nucleus, top3):
+        assert not torch.equal(b.completion_ids, hot.completion_ids)
+        assert float(b.sampler_logprobs[b.completion_mask.bool()].mean()) > hot_mean
+    assert float(top3.sampler_logprobs[top3.completion_mask.bool()].min()) > math.log(1 / 3) - 1e-5
     assert short.completion_ids.shape[1] == 3 and int(short.completion_mask.sum(1).max()) <= 3
     backend.close()
 

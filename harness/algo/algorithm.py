@@ -33,6 +33,7 @@ from .kl import KL_CONTROLLERS, KL_ESTIMATORS, estimate_kl
 from .policy_losses import POLICY_LOSSES
 from .registry import Registry, Variant
 from .rollout_correction import ROLLOUT_CORRECTIONS
+from ..truncation import SamplingFilter
 
 
 @dataclass(frozen=True)
@@ -106,14 +107,16 @@ class KLTerm:
 
 @dataclass(frozen=True)
 class LogprobForward:
-    """How the update computes the policy's log-probs (``rollout.temperature``: the distribution
-    the tokens were sampled from; ``train.logprob_chunk``, ``train.share_prefix``,
-    ``train.precision``: exact reorganisations of the same numbers)."""
+    """How the update computes the policy's log-probs (``rollout.temperature`` and ``keep``, the
+    sampler's truncation ``rollout.top_k`` / ``rollout.top_p``: the distribution the tokens were
+    sampled from; ``train.logprob_chunk``, ``train.share_prefix``, ``train.precision``: exact
+    reorganisations of the same numbers)."""
 
     temperature: float
     chunk: int
     share_prefix: bool
     precision: str
+    keep: SamplingFilter = SamplingFilter()
 
 
 @dataclass(frozen=True)
@@ -187,7 +190,8 @@ def build_algorithm(cfg: Any) -> Algorithm:
         entropy_control=Choice.build(ENTROPY_CONTROLLERS, cfg.entropy_control),
         mu=cfg.mu,
         forward=LogprobForward(temperature=cfg.rollout.temperature, chunk=cfg.train.logprob_chunk,
-                               share_prefix=cfg.train.share_prefix, precision=cfg.train.precision),
+                               share_prefix=cfg.train.share_prefix, precision=cfg.train.precision,
+                               keep=SamplingFilter(top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p)),
     )
 
 
