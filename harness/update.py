@@ -261,7 +261,9 @@ def policy_pass(policy, batch: TrainBatch, algo: Algorithm, micro_batch_size: in
                 raise ValueError(f"rollout_correction={correction.name}: the rollout backend reported no sampler "
                                  "log-probs (greedy sampling?); use rollout_correction=none")
             # the behaviour policy as the trainer computes it vs the sampler: fixed for all mu passes
-            weights = correction((old - mb.sampler_logprobs) * mask, mask)
+            inputs = {"advantages": mb.advantages, "current_log_ratio": (logp.detach() - mb.sampler_logprobs) * mask}
+            weights = correction((old - mb.sampler_logprobs) * mask, mask,
+                                 **{k: v for k, v in inputs.items() if k in correction.spec.needs})
         per_token, stats = token_objective(logp, old, mb.ref_logprobs, mb.advantages, mask, entropy, algo, beta, weights,
                                           entropy_coef)
         if weights is not None:

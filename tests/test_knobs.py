@@ -200,6 +200,12 @@ KNOBS = {
     "rollout_correction/token_mask.cap": math_(0.5, "loss"),
     "rollout_correction/sequence_truncate.cap": math_(0.5, "loss"),
     "rollout_correction/sequence_mask.cap": math_(0.5, "loss"),
+    # the geometric band and the DeepSeek-V3.2 threshold at the edge of 1 / 0: the ~1e-6 mismatch decides
+    "rollout_correction/geometric.lower": math_(1.0, "loss"),
+    "rollout_correction/geometric.upper": math_(1.0, "loss"),
+    "rollout_correction/geometric.cap": math_(1.0, "metric:rollout/is_frac_past_cap"),
+    "rollout_correction/off_policy_sequence_mask.threshold": math_(0.0, "loss"),
+    "rollout_correction/off_policy_sequence_mask.cap": math_(1.0, "metric:rollout/is_frac_past_cap"),
     # ---------------------------------------------------------------- advantage estimators
     "advantage": math_("rloo", "advantages"),
     "advantage/grpo.eps": math_(0.5, "advantages"),
@@ -258,6 +264,10 @@ KNOBS = {
     "policy_loss/clip_cov.clip_cov_ub": math_(-5, "loss", "policy_loss.clip_cov_lb=-10"),
     "policy_loss/kl_cov.kl_cov_ratio": math_(0.5, "loss", *MU2),
     "policy_loss/kl_cov.ppo_kl_coef": math_(10.0, "loss", *MU2),
+    # on-policy pi = pi_old (d = 0, log r = 0): the second pass moves the probabilities
+    "policy_loss/dppo.mask_low": math_(0.0, "loss", *MU2),
+    "policy_loss/dppo.mask_high": math_(0.0, "loss", *MU2),
+    "policy_loss/dppo.kl_coef": math_(1.0, "loss", *MU2),
     # ---------------------------------------------------------------- loss aggregation
     "loss_agg": math_("seq-mean-token-mean", "loss"),
     "loss_agg/seq-mean-token-mean.count_masked_rows": math_("true", "loss", "overlong.mask_truncated=true"),

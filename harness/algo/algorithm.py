@@ -129,7 +129,8 @@ class Algorithm:
         aggregation: ``loss_agg=``: applied by :func:`harness.update.aggregate`.
         max_len: the generation cap ``rollout.max_new_tokens`` (Dr. GRPO's default constant).
         kl: the KL term (:class:`KLTerm`).
-        rollout_correction: ``rollout_correction=``: ``(log_ratio, mask) -> weights or None``.
+        rollout_correction: ``rollout_correction=``: ``(log_ratio, mask, **needs) -> weights or None``
+            (``needs``: ``advantages``, ``current_log_ratio``, as the variant declares).
         group_filter: ``group_filter=``: ``(rewards [P, G]) -> keep [P]``; ``params.max_rounds``.
         length_penalty: ``length_penalty=``: ``(rewards, output_tokens, input_tokens, turns)``, each
             ``[P, G]`` -> shaped rewards ``[P, G]`` (the identity for ``none``).
@@ -229,7 +230,9 @@ def dry_run(algo: Algorithm, group_size: int) -> None:
     algo.length_penalty(scores.double(), lengths, lengths, torch.ones(2, G, dtype=torch.float64))
     algo.kl.next_beta(1.0, 0.1, 1)
     algo.entropy_control(algo.entropy_coef, 0.1)
-    algo.rollout_correction(torch.zeros(2 * G, 3), mask)
+    inputs = {"advantages": adv, "current_log_ratio": torch.zeros(2 * G, 3)}  # what a correction may declare it needs
+    algo.rollout_correction(torch.zeros(2 * G, 3), mask,
+                            **{k: v for k, v in inputs.items() if k in algo.rollout_correction.spec.needs})
 
 
 __all__ = ["Algorithm", "Choice", "KLTerm", "LogprobForward", "build_algorithm", "dry_run"]
