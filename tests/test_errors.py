@@ -33,7 +33,7 @@ def test_group_size_one_with_group_estimator_is_a_startup_error():
     ("advantage.scale=global", "advantage.scale must be one of"),
     ("advantage=reinforce advantage.baseline=median", "advantage.baseline must be one of"),
     ("rollout.top_p=1.5", "rollout.top_p=1.5: expected in (0, 1]"),
-    ("rollout.top_p=0", "rollout.top_p=0: expected in (0, 1]"),
+    ("rollout.top_p=0", "rollout.top_p=0.0: expected in (0, 1]"),
     ("rollout.top_k=-1", "rollout.top_k=-1: expected an integer >= 0"),
     ("policy_loss.dual_clip=1.0", "policy_loss.dual_clip must be None or > 1"),
     ("policy_loss.delta=1.0", "policy_loss.delta must be None or > 1"),
