@@ -260,7 +260,8 @@ def policy_pass(policy, batch: TrainBatch, algo: Algorithm, micro_batch_size: in
             if mb.sampler_logprobs is None:
                 raise ValueError(f"rollout_correction={correction.name}: the rollout backend reported no sampler "
                                  "log-probs (greedy sampling?); use rollout_correction=none")
-            # the behaviour policy as the trainer computes it vs the sampler: fixed for all mu passes
+            # the behaviour policy as the trainer computes it vs the sampler: fixed for all mu passes;
+            # a variant that declares it needs them also gets the advantages and this pass's log-ratio
             inputs = {"advantages": mb.advantages, "current_log_ratio": (logp.detach() - mb.sampler_logprobs) * mask}
             weights = correction((old - mb.sampler_logprobs) * mask, mask,
                                  **{k: v for k, v in inputs.items() if k in correction.spec.needs})

@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from conftest import tiny_llama
+from conftest import run_job, tiny_llama
 from harness.logprobs import completion_hidden, token_logprobs
 from harness.rollout import SamplingParams, build_backend
 from harness.truncation import SamplingFilter, keep_set, truncate_logits
@@ -152,6 +152,17 @@ def test_truncated_logprobs_have_finite_gradients(tokenizer):
                                keep=SamplingFilter(10, 0.9), with_entropy=True)
     (logp.sum() + ent.sum()).backward()
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def test_a_truncated_run_scores_the_sampler_distribution(run_dir):
+    """End to end (rollout=hf, top_p = 0.8, top_k = 50): the trainer's log-probs of the sampled
+    tokens are the sampler's (the logged mismatch stays at float32 rounding, where the full softmax
+    would be off by |log kept mass| ~ 0.2 for this tiny model), and the run trains."""
+    _, run, history = run_job("rollout.top_p=0.8", "rollout.top_k=50")
+    assert run.info.status == "FINISHED"
+    assert run.data.params["rollout.top_p"] == "0.8" and run.data.params["rollout.top_k"] == "50"
+    diffs = [v for _, v in history("rollout/logprob_diff_max")]
+    assert len(diffs) == 2 and all(0 <= v < 1e-4 for v in diffs), diffs
 
 
 def pr7269_measurement(model, tokenizer, backend, top_p=0.8, temperature=1.0, prompts=4, group=4, tokens=48):
