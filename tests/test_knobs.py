@@ -22,7 +22,6 @@ A key added to the schema without a row fails ``test_every_schema_key_is_classif
 from __future__ import annotations
 
 import dataclasses
-import math
 import json
 import os
 import typing
@@ -704,26 +703,28 @@ def check_vllm_engine(key, tmp_path, monkeypatch):
 def check_vllm_sampling(key, tmp_path, monkeypatch):
     """rollout.temperature, rollout.top_p, rollout.top_k and rollout.max_new_tokens reach vLLM's
     sampling: the draws and the sampler's log-probs follow them (a truncated draw's log-probs are
-    renormalised over the keep set: higher; top_k=3: each >= log(1/3) up to vLLM's float32)."""
+    renormalised over the keep set: higher on average; tests/test_vllm.py checks them against the
+    trainer's)."""
     from harness.rollout import SamplingParams
 
     cfg, task, tok, backend = _vllm_backend()
-    prompts = [task.prompt(task.train_problem(i, 0), tok) for i in range(2)]
-    hot = backend.generate(prompts, 4, SamplingParams(temperature=1.0, max_new_tokens=12, seed=1))
-    cold = backend.generate(prompts, 4, SamplingParams(temperature=0.3, max_new_tokens=12, seed=1))
-    short = backend.generate(prompts, 4, SamplingParams(temperature=1.0, max_new_tokens=3, seed=1))
-    nucleus = backend.generate(prompts, 4, SamplingParams(temperature=1.0, top_p=0.5, max_new_tokens=12, seed=1))
-    top3 = backend.generate(prompts, 4, SamplingParams(temperature=1.0, top_k=3, max_new_tokens=12, seed=1))
-    assert not torch.equal(hot.completion_ids, cold.completion_ids)
-    m = cold.completion_mask.bool()
-    hot_mean = float(hot.sampler_logprobs[hot.completion_mask.bool()].mean())
-    assert float(cold.sampler_logprobs[m].mean()) > hot_mean
-    for b in (nucleus, top3):
-        assert not torch.equal(b.completion_ids, hot.completion_ids)
-        assert float(b.sampler_logprobs[b.completion_mask.bool()].mean()) > hot_mean
-    assert float(top3.sampler_logprobs[top3.completion_mask.bool()].min()) > math.log(1 / 3) - 1e-5
-    assert short.completion_ids.shape[1] == 3 and int(short.completion_mask.sum(1).max()) <= 3
-    backend.close()
+    try:
+        prompts = [task.prompt(task.train_problem(i, 0), tok) for i in range(2)]
+        hot = backend.generate(prompts, 4, SamplingParams(temperature=1.0, max_new_tokens=12, seed=1))
+        cold = backend.generate(prompts, 4, SamplingParams(temperature=0.3, max_new_tokens=12, seed=1))
+        short = backend.generate(prompts, 4, SamplingParams(temperature=1.0, max_new_tokens=3, seed=1))
+        nucleus = backend.generate(prompts, 4, SamplingParams(temperature=1.0, top_p=0.5, max_new_tokens=12, seed=1))
+        top3 = backend.generate(prompts, 4, SamplingParams(temperature=1.0, top_k=3, max_new_tokens=12, seed=1))
+        assert not torch.equal(hot.completion_ids, cold.completion_ids)
+        m = cold.completion_mask.bool()
+        hot_mean = float(hot.sampler_logprobs[hot.completion_mask.bool()].mean())
+        assert float(cold.sampler_logprobs[m].mean()) > hot_mean
+        for b in (nucleus, top3):
+            assert not torch.equal(b.completion_ids, hot.completion_ids)
+            assert float(b.sampler_logprobs[b.completion_mask.bool()].mean()) > hot_mean
+        assert short.completion_ids.shape[1] == 3 and int(short.completion_mask.sum(1).max()) <= 3
+    finally:
+        backend.close()
 
 
 def test_knob_probe_exercises_the_branches():
