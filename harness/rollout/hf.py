@@ -45,8 +45,8 @@ class _TokenProgress:
 class _LogprobRecorder:
     """A logits processor (first in the list, so it sees the raw logits) that records the
     sampler's log-probability of each sampled token: ``log_softmax(logits / T)`` at the token
-    drawn, i.e. the distribution the token was sampled from, in the logits' precision (float64
-    for a float64 model).
+    drawn, i.e. the distribution the token was sampled from, in the precision of the logits it is
+    given (``generate`` hands float32 logits even to a float64 model).
 
     With a truncation (``top_k`` / ``top_p``, :mod:`harness.truncation`) it also applies it: the
     keep set is computed from ``logits / T`` (:func:`harness.truncation.keep_set`, the function
