@@ -73,8 +73,9 @@ class RolloutBatch:
         truncated: ``[B]`` bool, True where no EOS came within ``max_new_tokens``.
         texts: ``B`` decoded completions (special tokens removed).
         group_size: G.
-        sampler_logprobs: ``[B, Tc]`` float32 log-probability of each sampled token under the distribution the sampler drew it from (after
-            temperature, renormalised over the top-k / top-p keep set), 0 past the mask; None
+        sampler_logprobs: ``[B, Tc]`` float32 log-probability of each sampled token under the
+            distribution the sampler drew it from (after temperature, renormalised over the
+            top-k / top-p keep set), 0 past the mask; None
             when the backend does not report them (greedy decoding).
     """
 
