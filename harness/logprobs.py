@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from harness.kv import cache_kwarg, prompt_cache, prompt_groups
 from harness.precision import upcast
+from harness.truncation import SamplingFilter, truncate_logits
 
 
 def build_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask):
@@ -171,22 +173,27 @@ class LinearLogSoftmaxGather(torch.autograd.Function):
         return grad_hidden, grad_weight, grad_bias, None, None, None
 
 
-def _chunk_logprobs(hidden, weight, bias, targets, temperature: float, with_entropy: bool):
+def _chunk_logprobs(hidden, weight, bias, targets, temperature: float, with_entropy: bool,
+                    keep: SamplingFilter = SamplingFilter()):
     """The unfused reference of :class:`LinearLogSoftmaxGather` (plain autograd ops); the
-    no-grad passes (old / reference log-probs) and the tests use it."""
+    no-grad passes (old / reference log-probs), truncated sampling (``keep.active``) and the
+    tests use it."""
     logits = _scaled_logits(hidden, weight, bias, temperature)  # [B, c, V], fp32 (fp64 model: fp64)
+    # the sampler's keep set (rollout.top_k / top_p), renormalised over: -inf outside it
+    logits = truncate_logits(logits, keep, targets)
     logz = torch.logsumexp(logits, dim=-1)
     logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logz
     if not with_entropy:
         return logp, torch.zeros_like(logp)
-    probs = torch.softmax(logits, dim=-1)
-    entropy = logz - (probs * logits).sum(-1)
+    probs = torch.softmax(logits, dim=-1)  # exactly 0 outside the keep set
+    finite = logits.masked_fill(torch.isinf(logits), 0.0) if keep.active else logits  # 0 * -inf would be nan
+    entropy = logz - (probs * finite).sum(-1)
     return logp, entropy
 
 
 def token_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, *,
                    temperature: float = 1.0, chunk: int = 64, with_entropy: bool = False,
-                   share_prefix: bool = False):
+                   share_prefix: bool = False, keep: SamplingFilter = SamplingFilter()):
     """Log pi(token_t | prefix) of each completion token, and optionally the entropy.
 
     Args:
@@ -197,6 +204,10 @@ def token_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_ma
         chunk: tokens per LM-head chunk (peak extra memory ~ B x chunk x V x 4 bytes).
         with_entropy: also return the per-token entropy of pi (nats).
         share_prefix: compute each distinct prompt once (:func:`shared_prefix_hidden`).
+        keep: the sampler's truncation (``rollout.top_k`` / ``rollout.top_p``): the log-probs and
+            the entropy are those of the distribution renormalised over its keep set, recomputed
+            from these logits after temperature (:mod:`harness.truncation`), with the completion
+            token always kept; inactive (the default): the full softmax.
     Returns:
         ``(logprobs [B, Tc], entropy [B, Tc])`` float32 (float64 for a float64 model); entropy is
         zeros unless requested.
@@ -210,9 +221,12 @@ def token_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_ma
     logps, ents = [], []
     needs_grad = torch.is_grad_enabled() and hidden.requires_grad
     for s in range(0, hidden.shape[1], chunk):
-        args = (hidden[:, s : s + chunk], weight, bias, completion_ids[:, s : s + chunk], temperature, with_entropy)
-        if needs_grad:
-            lp, en = LinearLogSoftmaxGather.apply(*args)
+        args = (hidden[:, s : s + chunk], weight, bias, completion_ids[:, s : s + chunk], temperature, with_entropy,
+                keep)
+        if needs_grad and not keep.active:
+            lp, en = LinearLogSoftmaxGather.apply(*args[:-1])
+        elif needs_grad:  # truncated sampling: the plain ops (their -inf handling), recomputed in backward
+            lp, en = checkpoint(_chunk_logprobs, *args, use_reentrant=False)
         else:
             lp, en = _chunk_logprobs(*args)
         logps.append(lp)

@@ -148,7 +148,7 @@ class Trainer:
         """Training sampling, seeded by (``seed``, data position): each draw of prompts gets its own
         seed, the same after a resume and whatever ``rollout.batch_size`` or prefix sharing is."""
         r = self.cfg.rollout
-        return SamplingParams(temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens,
+        return SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens,
                               seed=self.cfg.seed * 1_000_003 + self.data_pos)
 
     def collect(self):
@@ -299,7 +299,7 @@ class Trainer:
         else None), and their times (seconds: ``time/logprob_s`` all three, then each)."""
         fwd, args = self.algo.forward, (batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask)
         kw = dict(temperature=fwd.temperature, chunk=fwd.chunk, micro_batch_size=self.cfg.train.micro_batch_size,
-                  share_prefix=fwd.share_prefix, precision=fwd.precision)
+                  share_prefix=fwd.share_prefix, precision=fwd.precision, keep=fwd.keep)
         t0 = time.perf_counter()
         with full_weights(self.policy), progress.phase("old log-probs"):
             old = batched_logprobs(self.policy, *args, **kw) if self.algo.needs_old_logprobs else None
@@ -388,7 +388,7 @@ class Trainer:
         """``mu`` optimizer steps on ``tb``; the statistics (logged as ``train/<name>``) are means
         over the passes, except ``entropy``: the first pass's, i.e. the mean per-token entropy
         (nats) of the sampling distribution (the policy before this step's updates, logits divided
-        by ``rollout.temperature``, before any top-k / top-p truncation) over the loss tokens,
+        by ``rollout.temperature``, renormalised over the ``rollout.top_k`` / ``top_p`` keep set) over the loss tokens,
         token-weighted over micro-batches and ranks (:func:`harness.update.policy_pass`)."""
         cfg, mb, mu = self.cfg, self.cfg.train.micro_batch_size, self.algo.mu
         stats: dict = {}

@@ -25,6 +25,7 @@ from harness.kv import prompt_groups
 from harness.logprobs import token_logprobs
 from harness import progress
 from harness.precision import autocast, upcast
+from harness.truncation import SamplingFilter
 
 
 @dataclass
@@ -228,7 +229,8 @@ def policy_pass(policy, batch: TrainBatch, algo: Algorithm, micro_batch_size: in
         token-weighted means of the loss statistics over the batch (python floats); ``loss`` is
         the full-batch loss; ``entropy`` the mean per-token entropy (nats) over the loss tokens of
         ``policy``'s distribution with logits divided by ``rollout.temperature`` (the sampling
-        distribution on the first pass, before any top-k / top-p truncation);
+        distribution on the first pass, renormalised over the sampler's keep set under
+        ``rollout.top_k`` / ``rollout.top_p``);
         ``clip_frac_low`` / ``clip_frac_high`` the policy loss's sided clip fractions (TRL's
         ``clip_ratio/low_mean`` / ``high_mean``, :mod:`harness.algo.policy_losses`).
     """
@@ -248,7 +250,7 @@ def policy_pass(policy, batch: TrainBatch, algo: Algorithm, micro_batch_size: in
         with autocast(fwd.precision, dev.type):  # bf16 matmuls; log-probs and everything after in fp32 (fp64)
             logp, entropy = forward(
                 mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.loss_mask,
-                temperature=fwd.temperature, chunk=fwd.chunk, with_entropy=True, share_prefix=share,
+                temperature=fwd.temperature, chunk=fwd.chunk, with_entropy=True, share_prefix=share, keep=fwd.keep,
             )
         old = mb.old_logprobs if mb.old_logprobs is not None else logp.detach()
         if logprobs_out is not None:
@@ -258,8 +260,11 @@ def policy_pass(policy, batch: TrainBatch, algo: Algorithm, micro_batch_size: in
             if mb.sampler_logprobs is None:
                 raise ValueError(f"rollout_correction={correction.name}: the rollout backend reported no sampler "
                                  "log-probs (greedy sampling?); use rollout_correction=none")
-            # the behaviour policy as the trainer computes it vs the sampler: fixed for all mu passes
-            weights = correction((old - mb.sampler_logprobs) * mask, mask)
+            # the behaviour policy as the trainer computes it vs the sampler: fixed for all mu passes;
+            # a variant that declares it needs them also gets the advantages and this pass's log-ratio
+            inputs = {"advantages": mb.advantages, "current_log_ratio": (logp.detach() - mb.sampler_logprobs) * mask}
+            weights = correction((old - mb.sampler_logprobs) * mask, mask,
+                                 **{k: v for k, v in inputs.items() if k in correction.spec.needs})
         per_token, stats = token_objective(logp, old, mb.ref_logprobs, mb.advantages, mask, entropy, algo, beta, weights,
                                           entropy_coef)
         if weights is not None:
@@ -314,7 +319,7 @@ def batched_forward(fn, prompt_ids, prompt_mask, completion_ids, completion_mask
 @torch.no_grad()
 def batched_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, *,
                      temperature: float, chunk: int, micro_batch_size: int, share_prefix: bool = False,
-                     precision: str = "fp32") -> torch.Tensor:
+                     precision: str = "fp32", keep: SamplingFilter = SamplingFilter()) -> torch.Tensor:
     """``[B, Tc]`` log-probabilities under ``model`` without gradients (old / reference policy).
 
     Args as :func:`harness.logprobs.token_logprobs`, run over micro-batches of
@@ -326,7 +331,8 @@ def batched_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_
 
     def fn(*args):
         with autocast(precision, dev.type):
-            return token_logprobs(model, *args, temperature=temperature, chunk=chunk, share_prefix=share_prefix)[0]
+            return token_logprobs(model, *args, temperature=temperature, chunk=chunk, share_prefix=share_prefix,
+                                  keep=keep)[0]
 
     return batched_forward(fn, prompt_ids, prompt_mask, completion_ids, completion_mask, micro_batch_size,
                             share_prefix, device=dev)

@@ -33,17 +33,6 @@ def _check(cond: bool, msg: str) -> None:
         raise ConfigError(msg)
 
 
-# Why rollout.top_p < 1 is refused (see docs/knobs.md, "Sampling"): the hf sampler draws from the
-# renormalised nucleus, while every trainer log-prob (old, reference, current) is a log-softmax
-# over the full vocabulary, so the on-policy ratio pi/pi_old is computed for a distribution that
-# did not sample the tokens, and nothing would say so.
-TOP_P_REFUSED = (
-    "rollout.top_p={}: expected 1.0. Sampling from a top-p nucleus draws from the renormalised "
-    "truncated distribution, but the trainer's log-probs (ratio, KL, entropy) use the full softmax, "
-    "so the update would be biased; the harness refuses the setting instead of training on it"
-)
-
-
 def _unread(node, prefix: str, schema, keys, why: str) -> None:
     """Refuse ``keys`` of ``node`` set away from their ``schema`` defaults: nothing would read them."""
     defaults = {f.name: f.default for f in dataclasses.fields(schema)}
@@ -126,7 +115,9 @@ def validate(cfg) -> None:
     _check(cfg.beta >= 0, f"beta={cfg.beta}: expected >= 0")
     _check(cfg.mu >= 1, f"mu={cfg.mu}: expected >= 1 policy iterations per batch")
     _check(cfg.rollout.temperature > 0, f"rollout.temperature={cfg.rollout.temperature}: training needs sampling (> 0)")
-    _check(cfg.rollout.top_p == 1.0, TOP_P_REFUSED.format(cfg.rollout.top_p))
+    _check(0 < cfg.rollout.top_p <= 1, f"rollout.top_p={cfg.rollout.top_p}: expected in (0, 1] (1.0 = no nucleus)")
+    _check(isinstance(cfg.rollout.top_k, int) and cfg.rollout.top_k >= 0,
+           f"rollout.top_k={cfg.rollout.top_k}: expected an integer >= 0 (0 = no top-k)")
     _check(cfg.rollout.max_new_tokens >= 1, f"rollout.max_new_tokens={cfg.rollout.max_new_tokens}: expected >= 1")
     for key in ("steps", "prompts_per_step", "micro_batch_size", "logprob_chunk", "max_bad_steps"):
         _check(cfg.train[key] >= 1, f"train.{key}={cfg.train[key]}: expected >= 1")

@@ -170,7 +170,8 @@ KNOBS = {
     "rollout": check("check_vllm_engine"),
     "rollout/hf.backend": refused("vllm", "choose the backend with rollout=vllm"),
     "rollout/hf.temperature": math_(0.5, "rollout"),
-    "rollout/hf.top_p": refused(0.9, "rollout.top_p=0.9: expected 1.0"),
+    "rollout/hf.top_p": math_(0.5, "rollout"),  # tests/test_truncation.py: the trainer's log-probs follow
+    "rollout/hf.top_k": math_(3, "rollout"),
     "rollout/hf.max_new_tokens": math_(4, "rollout"),
     "rollout/hf.batch_size": speed(2),
     "rollout/hf.progress": book("progress bar"),
@@ -178,7 +179,8 @@ KNOBS = {
     # rollout=vllm (tests/test_vllm.py runs it end to end): each key reaches the engine or is refused
     "rollout/vllm.backend": refused("hf", "choose the backend with rollout=hf"),
     "rollout/vllm.temperature": check("check_vllm_sampling"),
-    "rollout/vllm.top_p": refused(0.9, "rollout.top_p=0.9: expected 1.0"),
+    "rollout/vllm.top_p": check("check_vllm_sampling"),
+    "rollout/vllm.top_k": check("check_vllm_sampling"),
     "rollout/vllm.max_new_tokens": check("check_vllm_sampling"),
     "rollout/vllm.batch_size": refused(2, "rollout.batch_size=2 with rollout=vllm"),
     "rollout/vllm.progress": book("progress bar"),
@@ -197,6 +199,12 @@ KNOBS = {
     "rollout_correction/token_mask.cap": math_(0.5, "loss"),
     "rollout_correction/sequence_truncate.cap": math_(0.5, "loss"),
     "rollout_correction/sequence_mask.cap": math_(0.5, "loss"),
+    # the geometric band and the DeepSeek-V3.2 threshold at the edge of 1 / 0: the ~1e-6 mismatch decides
+    "rollout_correction/geometric.lower": math_(1.0, "loss"),
+    "rollout_correction/geometric.upper": math_(1.0, "loss"),
+    "rollout_correction/geometric.cap": math_(1.0, "metric:rollout/is_frac_past_cap"),
+    "rollout_correction/off_policy_sequence_mask.threshold": math_(0.0, "loss"),
+    "rollout_correction/off_policy_sequence_mask.cap": math_(1.0, "metric:rollout/is_frac_past_cap"),
     # ---------------------------------------------------------------- advantage estimators
     "advantage": math_("rloo", "advantages"),
     "advantage/grpo.eps": math_(0.5, "advantages"),
@@ -255,6 +263,10 @@ KNOBS = {
     "policy_loss/clip_cov.clip_cov_ub": math_(-5, "loss", "policy_loss.clip_cov_lb=-10"),
     "policy_loss/kl_cov.kl_cov_ratio": math_(0.5, "loss", *MU2),
     "policy_loss/kl_cov.ppo_kl_coef": math_(10.0, "loss", *MU2),
+    # on-policy pi = pi_old (d = 0, log r = 0): the second pass moves the probabilities
+    "policy_loss/dppo.mask_low": math_(0.0, "loss", *MU2),
+    "policy_loss/dppo.mask_high": math_(0.0, "loss", *MU2),
+    "policy_loss/dppo.kl_coef": math_(1.0, "loss", *MU2),
     # ---------------------------------------------------------------- loss aggregation
     "loss_agg": math_("seq-mean-token-mean", "loss"),
     "loss_agg/seq-mean-token-mean.count_masked_rows": math_("true", "loss", "overlong.mask_truncated=true"),
@@ -689,20 +701,30 @@ def check_vllm_engine(key, tmp_path, monkeypatch):
 
 
 def check_vllm_sampling(key, tmp_path, monkeypatch):
-    """rollout.temperature and rollout.max_new_tokens reach vLLM's sampling: the draws and the
-    sampler's log-probs follow them."""
+    """rollout.temperature, rollout.top_p, rollout.top_k and rollout.max_new_tokens reach vLLM's
+    sampling: the draws and the sampler's log-probs follow them (a truncated draw's log-probs are
+    renormalised over the keep set: higher on average; tests/test_vllm.py checks them against the
+    trainer's)."""
     from harness.rollout import SamplingParams
 
     cfg, task, tok, backend = _vllm_backend()
-    prompts = [task.prompt(task.train_problem(i, 0), tok) for i in range(2)]
-    hot = backend.generate(prompts, 4, SamplingParams(temperature=1.0, max_new_tokens=12, seed=1))
-    cold = backend.generate(prompts, 4, SamplingParams(temperature=0.3, max_new_tokens=12, seed=1))
-    short = backend.generate(prompts, 4, SamplingParams(temperature=1.0, max_new_tokens=3, seed=1))
-    assert not torch.equal(hot.completion_ids, cold.completion_ids)
-    m = cold.completion_mask.bool()
-    assert float(cold.sampler_logprobs[m].mean()) > float(hot.sampler_logprobs[hot.completion_mask.bool()].mean())
-    assert short.completion_ids.shape[1] == 3 and int(short.completion_mask.sum(1).max()) <= 3
-    backend.close()
+    try:
+        prompts = [task.prompt(task.train_problem(i, 0), tok) for i in range(2)]
+        hot = backend.generate(prompts, 4, SamplingParams(temperature=1.0, max_new_tokens=12, seed=1))
+        cold = backend.generate(prompts, 4, SamplingParams(temperature=0.3, max_new_tokens=12, seed=1))
+        short = backend.generate(prompts, 4, SamplingParams(temperature=1.0, max_new_tokens=3, seed=1))
+        nucleus = backend.generate(prompts, 4, SamplingParams(temperature=1.0, top_p=0.5, max_new_tokens=12, seed=1))
+        top3 = backend.generate(prompts, 4, SamplingParams(temperature=1.0, top_k=3, max_new_tokens=12, seed=1))
+        assert not torch.equal(hot.completion_ids, cold.completion_ids)
+        m = cold.completion_mask.bool()
+        hot_mean = float(hot.sampler_logprobs[hot.completion_mask.bool()].mean())
+        assert float(cold.sampler_logprobs[m].mean()) > hot_mean
+        for b in (nucleus, top3):
+            assert not torch.equal(b.completion_ids, hot.completion_ids)
+            assert float(b.sampler_logprobs[b.completion_mask.bool()].mean()) > hot_mean
+        assert short.completion_ids.shape[1] == 3 and int(short.completion_mask.sum(1).max()) <= 3
+    finally:
+        backend.close()
 
 
 def test_knob_probe_exercises_the_branches():

@@ -29,7 +29,7 @@ def _run(name, ratios, advs, mask=None, weights=None, **params):
 
 def test_registry_lists_every_loss_with_params():
     assert set(POLICY_LOSSES.names()) == {"ppo_clip", "gspo", "cispo", "sapo", "gmpo", "clip_cov", "kl_cov", "pg",
-                                          "vespo"}
+                                          "vespo", "dppo"}
     for name in POLICY_LOSSES.names():
         assert POLICY_LOSSES.spec(name).params is not None
     assert POLICY_LOSSES.spec("gspo").aggregation == "seq-mean-token-mean"
@@ -190,3 +190,34 @@ def test_bad_params_name_the_key():
         _run("clip_cov", [[1.0]], [[1.0]], clip_cov_ratio=0.0)
     with pytest.raises(ValueError, match=r"unknown parameter\(s\) \['epsilon'\] for 'sapo'"):
         _run("sapo", [[1.0]], [[1.0]], epsilon=0.2)
+
+
+def test_dppo_masks_by_probability_difference_by_hand():
+    # pi_old / pi per token, A per token:
+    #   a: 0.5 -> 0.8, A = +1: d = +0.3 > 0.2 -> dropped (high side)
+    #   b: 0.5 -> 0.6, A = +1: d = +0.1 -> kept, L = -1 * 0.6 / 0.5 = -1.2
+    #   c: 0.5 -> 0.2, A = -1: d = -0.3 < -0.2 -> dropped (low side)
+    #   d: 0.05 -> 0.2, A = +1: ratio 4 but d = +0.15 -> kept, L = -4 (PPO's clip would stop at 1.2)
+    #   e: 0.5 -> 0.8, A = -1: d = +0.3, only the low side applies to A < 0 -> kept, L = +1.6
+    old = torch.tensor([[0.5, 0.5, 0.5, 0.05, 0.5]], dtype=torch.float64).log()
+    new = torch.tensor([[0.8, 0.6, 0.2, 0.2, 0.8]], dtype=torch.float64).log().requires_grad_()
+    adv = torch.tensor([[1.0, 1.0, -1.0, 1.0, -1.0]], dtype=torch.float64)
+    mask = torch.ones(1, 5, dtype=torch.float64)
+    spec = POLICY_LOSSES.spec("dppo")
+    loss, stats = spec.fn(new, old, adv, mask, spec.build())
+    torch.testing.assert_close(loss.detach(), torch.tensor([[0.0, -1.2, 0.0, -4.0, 1.6]], dtype=torch.float64),
+                               rtol=0, atol=1e-12)
+    loss.sum().backward()  # d/dlogp of -A r = -A r on kept tokens, 0 on dropped ones
+    torch.testing.assert_close(new.grad, torch.tensor([[0.0, -1.2, 0.0, -4.0, 1.6]], dtype=torch.float64),
+                               rtol=0, atol=1e-12)
+    assert float(stats["clip_frac_high"]) == pytest.approx(0.2) and float(stats["clip_frac_low"]) == pytest.approx(0.2)
+    # kl_coef adds kl_coef * (log r)^2 on every token, dropped or not: token a gets 0.1 * log(1.6)^2
+    loss, _ = spec.fn(new, old, adv, mask, spec.build(kl_coef=0.1))
+    assert float(loss[0, 0]) == pytest.approx(0.1 * math.log(1.6) ** 2, abs=1e-12)
+    assert float(loss[0, 1]) == pytest.approx(-1.2 + 0.1 * math.log(1.2) ** 2, abs=1e-12)
+    # a wider region keeps every token: a = -1.6, c = +1 * 0.4 = 0.4
+    loss, _ = spec.fn(new, old, adv, mask, spec.build(mask_low=0.5, mask_high=0.5))
+    torch.testing.assert_close(loss.detach(), torch.tensor([[-1.6, -1.2, 0.4, -4.0, 1.6]], dtype=torch.float64),
+                               rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="policy_loss.mask_low must be >= 0"):
+        spec.fn(new, old, adv, mask, spec.build(mask_low=-0.1))

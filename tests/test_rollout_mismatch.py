@@ -86,3 +86,50 @@ def test_correction_enters_the_loss_and_metrics_are_logged(run_dir):
         assert [s for s, _ in vals] == [1, 2], key
     assert all(0 <= v < 1e-4 for _, v in history("rollout/logprob_diff_max"))  # hf: one module, fp32
     assert all(abs(v - 1) < 1e-3 for _, v in history("train/rollout_is_weight_mean"))
+
+
+def test_geometric_rejection_by_hand():
+    # rho_geo = exp(mean log ratio): row 0 = (0.5 * 2 * 4)^(1/3) = 4^(1/3) = 1.587; row 1 =
+    # (1.5 * 3.5)^(1/2) = 5.25^(1/2) = 2.291 (its padding column does not count)
+    spec = ROLLOUT_CORRECTIONS.spec("geometric")
+    w = spec.fn(LOG_RATIO, MASK, spec.build(lower=0.5, upper=2.0))
+    assert torch.equal(w, torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]))  # 2.291 > 2: rejected
+    assert torch.equal(spec.fn(LOG_RATIO, MASK, spec.build(lower=0.5, upper=3.0)), MASK)  # both inside: weight 1
+    # the default band [0.99, 1.01] (SkyRL): (1.005 * 0.999)^(1/2) = 1.001996 kept; (1.02 * 1.01)^(1/2)
+    # = 1.0150 rejected; (0.98 * 0.995)^(1/2) = 0.98747 rejected from below
+    near = torch.tensor([[1.005, 0.999], [1.02, 1.01], [0.98, 0.995]], dtype=torch.float64).log()
+    w = spec.fn(near, torch.ones(3, 2, dtype=torch.float64), spec.build())
+    assert torch.equal(w, torch.tensor([[1.0, 1.0], [0.0, 0.0], [0.0, 0.0]], dtype=torch.float64))
+    with pytest.raises(ValueError, match="lower <= 1 <= upper"):
+        spec.fn(LOG_RATIO, MASK, spec.build(lower=1.1))
+
+
+def test_off_policy_sequence_mask_by_hand():
+    # current_log_ratio = log pi_theta - log pi_sampler; D = -mean over valid tokens
+    current = torch.tensor([[-1.0, -0.5, -0.3],     # D = 1.8 / 3 = 0.6
+                            [-1.0, -0.5, -0.3],     # D = 0.6
+                            [-0.4, -0.5, -9.0],     # D = 0.9 / 2 = 0.45 (the -9 is padding)
+                            [0.2, -1.4, -0.6]], dtype=torch.float64)  # D = 1.8 / 3 = 0.6
+    mask = torch.tensor([[1.0, 1, 1], [1, 1, 1], [1, 1, 0], [1, 1, 1]], dtype=torch.float64)
+    adv = torch.tensor([-1.0, 1.0, -1.0, 0.0], dtype=torch.float64)
+    spec = ROLLOUT_CORRECTIONS.spec("off_policy_sequence_mask")
+    assert spec.needs == {"advantages", "current_log_ratio"}
+    w = spec.fn(torch.zeros_like(current), mask, spec.build(threshold=0.5), advantages=adv, current_log_ratio=current * mask)
+    # row 0: A < 0 and D = 0.6 > 0.5: dropped; row 1: A > 0 kept; row 2: D = 0.45 <= 0.5 kept; row 3: A = 0 kept
+    assert torch.equal(w, torch.tensor([[0.0, 0, 0], [1, 1, 1], [1, 1, 0], [1, 1, 1]], dtype=torch.float64))
+    w = spec.fn(torch.zeros_like(current), mask, spec.build(threshold=0.7), advantages=adv[:, None],
+                current_log_ratio=current * mask)
+    assert torch.equal(w, mask)  # 0.6 <= 0.7: nothing dropped
+    w = spec.fn(torch.zeros_like(current), mask, spec.build(threshold=0.4), advantages=adv, current_log_ratio=current * mask)
+    assert torch.equal(w[:, 0], torch.tensor([0.0, 1, 0, 1], dtype=torch.float64))  # now row 2 (0.45) too
+    with pytest.raises(ValueError, match="threshold must be >= 0"):
+        spec.fn(current, mask, spec.build(threshold=-1.0), advantages=adv, current_log_ratio=current)
+
+
+def test_off_policy_sequence_mask_reads_the_current_policy_in_the_update(run_dir, dense_rewards):
+    """In a run with mu = 2 (the second pass moves the policy away from the sampler) and threshold 0,
+    the correction drops sequences (mean IS weight < 1); logged as train/rollout_is_weight_mean."""
+    _, run, history = run_job("rollout_correction=off_policy_sequence_mask", "rollout_correction.threshold=0",
+                              "beta=0", "mu=2", "train.lr=0.05")
+    means = [v for _, v in history("train/rollout_is_weight_mean")]
+    assert len(means) == 2 and all(0 < v < 1 for v in means), means

@@ -110,8 +110,6 @@ def test_backend_contract(tiny_pair, tokenizer):
     # greedy: one deterministic answer, no sampler log-probs
     greedy = backend.generate(PROMPTS, 2, SamplingParams(temperature=0.0, max_new_tokens=T))
     assert torch.equal(greedy.completion_ids[0::2], greedy.completion_ids[1::2]) and greedy.sampler_logprobs is None
-    with pytest.raises(ValueError, match="top_p"):
-        backend.generate(PROMPTS, 2, SamplingParams(top_p=0.9))
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -128,6 +126,58 @@ def test_sampler_logprobs_match_the_trainer(tiny_pair, tokenizer, temperature):
         assert float(diff.max()) < 2e-4, (type(b).__name__, float(diff.max()))
         assert float(trainer[m].std()) > 0.1  # the log-probs vary: agreement is not trivial
         assert (batch.sampler_logprobs[~m] == 0).all()
+
+
+def test_truncated_sampling_keep_set_and_logprobs_match_the_trainer(tokenizer):
+    """vLLM's top-k / top-p draws lie inside the keep set the trainer recomputes from its own logits
+    (harness.truncation, the same convention), and vLLM's processed log-probs equal the trainer's
+    renormalised ones to the engine-vs-trainer tolerance of the untruncated case (2e-4); the
+    full-softmax log-probs are lower by the log of the kept mass (on average by more than 0.05).
+    A model without the EOS boost, so that truncated draws run to the cap."""
+    from harness.logprobs import completion_hidden
+    from harness.truncation import SamplingFilter, keep_set
+
+    model = _tiny(tokenizer, seed=1, eos=False)
+    backend = build_backend("vllm", model, tokenizer, progress=False, kv_cache_gib=1, max_model_len=512)
+    T = 0.9
+    try:
+        for top_k, top_p in [(0, 0.8), (20, 1.0), (50, 0.7)]:
+            batch = backend.generate(PROMPTS, 4, SamplingParams(temperature=T, top_k=top_k, top_p=top_p,
+                                                                max_new_tokens=20, seed=3))
+            m = batch.completion_mask.bool()
+            args = (batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask)
+            with torch.no_grad():
+                logits = model.get_output_embeddings()(completion_hidden(model, *args)) / T
+                trainer = token_logprobs(model, *args, temperature=T, keep=SamplingFilter(top_k, top_p))[0]
+                full = token_logprobs(model, *args, temperature=T)[0]
+            kept = keep_set(logits, top_k, top_p)
+            inside = kept.gather(-1, batch.completion_ids.unsqueeze(-1)).squeeze(-1)[m]
+            diff = (batch.sampler_logprobs - trainer)[m].abs()
+            print(f"\nvLLM top_k={top_k} top_p={top_p}: {int(m.sum())} tokens, {float(inside.float().mean()):.2%} "
+                  f"inside the trainer's keep set, |logp diff| max {float(diff.max()):.2e}")
+            assert int(m.sum()) >= 200 and inside.all() and float(diff.max()) < 2e-4
+            assert float((full - trainer)[m].max()) <= 0 and float((full - trainer)[m].mean()) < -0.05
+    finally:
+        backend.close()
+
+
+@pytest.mark.slow
+def test_embedded_model_pr7269_measurement_vllm(tokenizer):
+    """TRL PR #7269's measurement with vLLM and SmolLM2-135M fp32 at top_p = 0.8: the mean IS ratio
+    with full-softmax trainer log-probs equals the mean kept mass; renormalised over the keep set it
+    is within 1e-3 of 1 (tests/test_truncation.py has the hf side)."""
+    from harness.models import EMBEDDED_NAME, load_causal_lm
+    from tests.test_truncation import pr7269_measurement
+
+    model = load_causal_lm(EMBEDDED_NAME, "float32")
+    backend = build_backend("vllm", model, tokenizer, progress=False, kv_cache_gib=2, max_model_len=1024)
+    try:
+        out = pr7269_measurement(model, tokenizer, backend)
+    finally:
+        backend.close()
+    assert out["kept_mass"] < 0.97 and out["ratio_full"] < 0.97  # the bias is visible (measured 0.952)
+    assert abs(out["ratio_full"] - out["kept_mass"]) < 1e-3
+    assert abs(out["ratio_renorm"] - 1.0) < 1e-3
 
 
 def test_weight_sync_reaches_the_engine(tokenizer):

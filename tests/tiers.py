@@ -32,6 +32,14 @@ FAST_TESTS = {
     "test_pipeline.py::test_two_steps_log_params_metrics_tags_and_artifacts",  # the tiny end-to-end run
     "test_knobs.py::test_every_schema_key_is_classified",
     "test_keep_final.py::test_keep_final_takes_only_its_values",
+    # the keep set of top-k / top-p by hand (the rest of the module samples and trains)
+    "test_truncation.py::test_top_p_keeps_the_smallest_head_reaching_p",
+    "test_truncation.py::test_top_k_keeps_ties_with_the_kth_value",
+    "test_truncation.py::test_top_p_applies_to_the_top_k_renormalised_distribution",
+    "test_truncation.py::test_temperature_comes_before_top_p",
+    "test_truncation.py::test_tie_on_the_top_p_boundary_is_decided_by_the_stable_sort",
+    "test_truncation.py::test_bad_filter_values_are_refused",
+    "test_truncation.py::test_sampled_token_is_kept_even_outside_the_recomputed_set",
 }
 # tests of fast modules that run whole jobs or start the CLI (10-110 s each under load, measured)
 SLOW_TESTS = {

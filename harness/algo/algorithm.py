@@ -33,6 +33,7 @@ from .kl import KL_CONTROLLERS, KL_ESTIMATORS, estimate_kl
 from .policy_losses import POLICY_LOSSES
 from .registry import Registry, Variant
 from .rollout_correction import ROLLOUT_CORRECTIONS
+from ..truncation import SamplingFilter
 
 
 @dataclass(frozen=True)
@@ -106,14 +107,16 @@ class KLTerm:
 
 @dataclass(frozen=True)
 class LogprobForward:
-    """How the update computes the policy's log-probs (``rollout.temperature``: the distribution
-    the tokens were sampled from; ``train.logprob_chunk``, ``train.share_prefix``,
-    ``train.precision``: exact reorganisations of the same numbers)."""
+    """How the update computes the policy's log-probs (``rollout.temperature`` and ``keep``, the
+    sampler's truncation ``rollout.top_k`` / ``rollout.top_p``: the distribution the tokens were
+    sampled from; ``train.logprob_chunk``, ``train.share_prefix``, ``train.precision``: exact
+    reorganisations of the same numbers)."""
 
     temperature: float
     chunk: int
     share_prefix: bool
     precision: str
+    keep: SamplingFilter = SamplingFilter()
 
 
 @dataclass(frozen=True)
@@ -126,7 +129,8 @@ class Algorithm:
         aggregation: ``loss_agg=``: applied by :func:`harness.update.aggregate`.
         max_len: the generation cap ``rollout.max_new_tokens`` (Dr. GRPO's default constant).
         kl: the KL term (:class:`KLTerm`).
-        rollout_correction: ``rollout_correction=``: ``(log_ratio, mask) -> weights or None``.
+        rollout_correction: ``rollout_correction=``: ``(log_ratio, mask, **needs) -> weights or None``
+            (``needs``: ``advantages``, ``current_log_ratio``, as the variant declares).
         group_filter: ``group_filter=``: ``(rewards [P, G]) -> keep [P]``; ``params.max_rounds``.
         length_penalty: ``length_penalty=``: ``(rewards, output_tokens, input_tokens, turns)``, each
             ``[P, G]`` -> shaped rewards ``[P, G]`` (the identity for ``none``).
@@ -187,7 +191,8 @@ def build_algorithm(cfg: Any) -> Algorithm:
         entropy_control=Choice.build(ENTROPY_CONTROLLERS, cfg.entropy_control),
         mu=cfg.mu,
         forward=LogprobForward(temperature=cfg.rollout.temperature, chunk=cfg.train.logprob_chunk,
-                               share_prefix=cfg.train.share_prefix, precision=cfg.train.precision),
+                               share_prefix=cfg.train.share_prefix, precision=cfg.train.precision,
+                               keep=SamplingFilter(top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p)),
     )
 
 
@@ -225,7 +230,9 @@ def dry_run(algo: Algorithm, group_size: int) -> None:
     algo.length_penalty(scores.double(), lengths, lengths, torch.ones(2, G, dtype=torch.float64))
     algo.kl.next_beta(1.0, 0.1, 1)
     algo.entropy_control(algo.entropy_coef, 0.1)
-    algo.rollout_correction(torch.zeros(2 * G, 3), mask)
+    inputs = {"advantages": adv, "current_log_ratio": torch.zeros(2 * G, 3)}  # what a correction may declare it needs
+    algo.rollout_correction(torch.zeros(2 * G, 3), mask,
+                            **{k: v for k, v in inputs.items() if k in algo.rollout_correction.spec.needs})
 
 
 __all__ = ["Algorithm", "Choice", "KLTerm", "LogprobForward", "build_algorithm", "dry_run"]

@@ -415,4 +415,58 @@ def vespo(logprobs, old_logprobs, advantages, mask, p: VESPOParams, weights=None
     return loss, stats
 
 
-__all__ = ["POLICY_LOSSES", "ppo_clip", "gspo", "cispo", "sapo", "gmpo", "clip_cov", "kl_cov", "pg", "vespo"]
+# --------------------------------------------------------------------------- DPPO
+
+
+@dataclass
+class DPPOParams:
+    """``policy_loss=dppo``: DPPO's divergence (probability-difference) trust region, Binary-TV form."""
+
+    name: str = "dppo"
+    mask_low: float = 0.2  # A < 0: drop the token when pi - pi_old < -mask_low (prime-rl dppo_mask_low)
+    mask_high: float = 0.2  # A > 0: drop the token when pi - pi_old > mask_high (prime-rl dppo_mask_high)
+    kl_coef: float = 0.0  # + kl_coef * (log pi - log pi_old)^2 on every token; prime-rl's default loss: 1e-3
+
+
+@POLICY_LOSSES.register("dppo", params=DPPOParams,
+                        invariances=lambda p: _LINEAR if p.kl_coef == 0 else ("permutation",))
+def dppo(logprobs, old_logprobs, advantages, mask, p: DPPOParams, weights=None) -> Tuple[Tensor, Stats]:
+    """DPPO, Binary-TV trust region (arXiv 2602.04879; prime-rl's default loss,
+    ``prime_rl/trainer/rl/loss.py`` ``default_loss_fn``): the unclipped importance-weighted
+    policy gradient, with the tokens whose *probability* (not ratio) moved past the trust region
+    in the direction the advantage pushes masked out::
+
+        r_t = pi(y_t) / pi_old(y_t),   d_t = pi(y_t) - pi_old(y_t)              (d_t detached)
+        drop_t = (A_t > 0 and d_t > mask_high) or (A_t < 0 and d_t < -mask_low)
+        L_t = -(1 - drop_t) A_t r_t + kl_coef * (log r_t)^2
+
+    A token of a rare continuation (small pi_old) can change its ratio a lot while its
+    probability barely moves: the mask bounds the total-variation step, not the ratio. The
+    gradient of kept tokens is ``-A_t r_t grad log pi`` (through the ratio, no clip). prime-rl
+    takes ``pi_old`` to be the inference engine's probabilities and adds Kimi-K2.5's
+    ``kl_tau * (log r)^2`` with ``kl_tau = 1e-3`` (set ``kl_coef=1e-3`` for that loss); here
+    ``pi_old`` is the behaviour policy as the trainer computes it, and the sampler's deviation is the
+    rollout correction's (``weights``). ``clip_frac_low`` / ``clip_frac_high``: the dropped tokens
+    with ``A < 0`` / ``A > 0``.
+
+    Raises:
+        ValueError: a negative ``mask_low``, ``mask_high`` or ``kl_coef`` (names the field).
+    """
+    for key in ("mask_low", "mask_high", "kl_coef"):
+        _check_eps(key, getattr(p, key))
+    adv = token_advantages(logprobs, old_logprobs, advantages, mask)
+    log_ratio = token_log_ratio(logprobs, old_logprobs, mask)
+    with torch.no_grad():
+        d = torch.exp(logprobs.detach()) - torch.exp(old_logprobs)
+        drop_high, drop_low = (adv > 0) & (d > p.mask_high), (adv < 0) & (d < -p.mask_low)
+        keep = ~(drop_high | drop_low)
+    loss = -keep.to(adv.dtype) * adv * torch.exp(log_ratio)
+    if p.kl_coef:
+        loss = loss + p.kl_coef * log_ratio.square()
+    loss = _weighted(loss, weights, mask)
+    stats = _ratio_stats(logprobs, old_logprobs, mask)
+    stats.update(_sided(drop_low, drop_high, mask))
+    return loss, stats
+
+
+__all__ = ["POLICY_LOSSES", "ppo_clip", "gspo", "cispo", "sapo", "gmpo", "clip_cov", "kl_cov", "pg", "vespo", "dppo"]

@@ -19,13 +19,24 @@ multiplies the per-token policy loss (the policy-loss registry's ``weights`` inp
 * ``sequence_mask``: ``w_t = rho`` where ``rho <= C``, else the whole sequence is dropped
   (TRL ``sequence_mask``, its default mode).
 
+* ``geometric``: rejection by the geometric-mean sequence ratio
+  ``rho_geo = exp(mean_t log_ratio_t)``: ``w_t = 1`` on the sequences with
+  ``lower <= rho_geo <= upper``, else 0 (verl Geo-RS, ``rollout_rs="seq_mean_k1"``);
+* ``off_policy_sequence_mask``: DeepSeek-V3.2's off-policy sequence masking (TRL
+  ``off_policy_mask_threshold``): a sequence with ``A < 0`` whose mean per-token
+  ``log pi_sampler - log pi_theta`` exceeds ``threshold`` weighs 0, every other 1.
+
 ``C`` is ``cap`` (TRL ``vllm_importance_sampling_cap``, default 3.0). Signature
-``fn(log_ratio [B, T], mask [B, T], p) -> weights [B, T] or None``; ``log_ratio`` is 0 at masked
-positions.
+``fn(log_ratio [B, T], mask [B, T], p, **inputs) -> weights [B, T] or None``; ``log_ratio`` is 0
+at masked positions. ``inputs`` are what the variant declares it ``needs`` (registry), computed by
+the update for each micro-batch and pass: ``advantages`` (``[B, T]``) and ``current_log_ratio``
+(``log pi_theta - log pi_sampler`` ``[B, T]`` under the weights being updated, detached, 0 at
+masked positions; at the first pass it is ``log_ratio``).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -121,6 +132,81 @@ def sequence_mask(log_ratio: Tensor, mask: Tensor, p: SequenceMaskParams) -> Ten
     return torch.where(rho <= p.cap, rho, torch.zeros_like(rho))[:, None] * mask
 
 
+@dataclass
+class GeometricParams:
+    """``rollout_correction=geometric``: sequence rejection by the geometric-mean ratio (Geo-RS)."""
+
+    name: str = "geometric"
+    lower: float = 0.99  # keep rho_geo >= lower (SkyRL's recommended band; verl's preset 0.999)
+    upper: float = 1.01  # keep rho_geo <= upper (verl's preset 1.001)
+    cap: float = 3.0  # only the threshold of the rollout/is_frac_past_cap metric
+
+
+@ROLLOUT_CORRECTIONS.register("geometric", params=GeometricParams, invariances=("permutation", "on_policy_ones", "capped"))
+def geometric(log_ratio: Tensor, mask: Tensor, p: GeometricParams) -> Tensor:
+    """Geometric-mean sequence rejection (Geo-RS; verl ``rollout_corr_helper.py``
+    ``compute_rollout_rejection_mask`` with ``rollout_rs="seq_mean_k1"``, the
+    ``decoupled_geo_rs`` preset; R. Li et al., "When Speed Kills Stability", part 3)::
+
+        log rho_geo_i = (1 / |y_i|) sum_t log_ratio_it        (length-normalised, unlike sequence_*)
+        w_it = 1 if log(lower) <= log rho_geo_i <= log(upper) else 0
+
+    A pure mask: the kept sequences are not re-weighted. verl tests ``-log rho_geo`` against
+    ``[log lower, log upper]``; for bounds symmetric in log space (``lower = 1 / upper``, verl's
+    default when one bound is given) the two conventions agree. A sequence without valid tokens has
+    ``rho_geo = 1``. Shapes ``[B, T]``.
+
+    Raises:
+        ValueError: shapes, ``cap``, or bounds not ``0 < lower <= 1 <= upper``.
+    """
+    _check(log_ratio, mask, p.cap)
+    if not 0 < p.lower <= 1 <= p.upper:
+        raise ValueError(f"rollout_correction.lower / upper must satisfy 0 < lower <= 1 <= upper, "
+                         f"got lower={p.lower}, upper={p.upper}")
+    mean = sequence_log_ratio(log_ratio, mask) / mask.sum(dim=1).clamp(min=1)
+    keep = (mean >= math.log(p.lower)) & (mean <= math.log(p.upper))
+    return keep[:, None].to(mask.dtype) * mask
+
+
+@dataclass
+class OffPolicySequenceMaskParams:
+    """``rollout_correction=off_policy_sequence_mask``: DeepSeek-V3.2's off-policy sequence masking."""
+
+    name: str = "off_policy_sequence_mask"
+    threshold: float = 0.5  # delta of DeepSeek-V3.2 eq. 9 (TRL off_policy_mask_threshold; 0.5 its example)
+    cap: float = 3.0  # only the threshold of the rollout/is_frac_past_cap metric
+
+
+@ROLLOUT_CORRECTIONS.register("off_policy_sequence_mask", params=OffPolicySequenceMaskParams,
+                              needs=("advantages", "current_log_ratio"), invariances=("permutation",))
+def off_policy_sequence_mask(log_ratio: Tensor, mask: Tensor, p: OffPolicySequenceMaskParams, *,
+                             advantages: Tensor, current_log_ratio: Tensor) -> Tensor:
+    """Off-policy sequence masking (DeepSeek-V3.2, arXiv 2512.02556, sec. 3.1, eq. 9; TRL
+    ``GRPOTrainer.get_off_policy_mask``)::
+
+        D_i  = (1 / |y_i|) sum_t (log pi_sampler(y_it) - log pi_theta(y_it))   (= -mean current_log_ratio)
+        w_it = 0 if A_it < 0 and D_i > threshold, else 1
+
+    ``pi_theta`` is the policy being updated (detached), so the divergence counts both the
+    sampler-trainer mismatch and the drift of the ``mu`` passes, as TRL computes it from the
+    current log-probs against vLLM's; a sequence that is both off-policy and pushed down is
+    dropped, positive-advantage ones are kept (``A >= 0`` keeps, as TRL). A pure mask; to also
+    truncate the ratio, pair it with a policy loss that clips. Shapes ``[B, T]``;
+    ``advantages`` ``[B, T]``, ``[B, 1]`` or ``[B]``.
+
+    Raises:
+        ValueError: shapes, ``cap``, or ``threshold < 0``.
+    """
+    _check(log_ratio, mask, p.cap)
+    _check(current_log_ratio, mask, p.cap)
+    if not p.threshold >= 0:
+        raise ValueError(f"rollout_correction.threshold must be >= 0, got {p.threshold}")
+    adv = advantages.reshape(mask.shape[0], -1).expand_as(mask)
+    divergence = -sequence_log_ratio(current_log_ratio, mask) / mask.sum(dim=1).clamp(min=1)  # [B]
+    drop = (adv < 0) & (divergence > p.threshold)[:, None]
+    return (~drop).to(mask.dtype) * mask
+
+
 def mismatch_stats(trainer_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor, cap: float) -> dict:
     """Local sums / extremes of the rollout-training mismatch over the valid tokens of ``mask``.
 
@@ -146,4 +232,4 @@ def mismatch_stats(trainer_logprobs: Tensor, sampler_logprobs: Tensor, mask: Ten
 
 
 __all__ = ["ROLLOUT_CORRECTIONS", "mismatch_stats", "sequence_log_ratio", "no_correction", "token_truncate",
-           "token_mask", "sequence_truncate", "sequence_mask"]
+           "token_mask", "sequence_truncate", "sequence_mask", "geometric", "off_policy_sequence_mask"]

@@ -32,7 +32,8 @@ class RolloutConfig:
 
     backend: str = "hf"
     temperature: float = 1.0
-    top_p: float = 1.0  # only 1.0: the trainer scores the full softmax (harness.validate says why)
+    top_p: float = 1.0  # nucleus sampling in (0, 1]; 1.0 = off (harness.truncation: convention, keep set)
+    top_k: int = 0  # keep the k most probable tokens (ties with the k-th kept); 0 = off
     max_new_tokens: int = 128
     batch_size: int = 0
     progress: bool = True
@@ -42,6 +43,8 @@ class RolloutConfig:
 @dataclass
 class SamplingParams:
     """Sampling settings. ``temperature == 0`` means greedy; ``max_new_tokens`` in tokens.
+    ``top_k`` / ``top_p``: draw from the distribution renormalised over the keep set
+    (:mod:`harness.truncation`), applied after temperature; the sampler's log-probs are over it too.
 
     ``seed``: when set, row ``r`` of a ``generate`` call (``r = prompt * n + sample``) draws its
     tokens from its own generator seeded by ``(seed, r)``, so its completion does not depend on
@@ -52,6 +55,7 @@ class SamplingParams:
 
     temperature: float = RolloutConfig.temperature  # the defaults are the rollout config's
     top_p: float = RolloutConfig.top_p
+    top_k: int = RolloutConfig.top_k
     max_new_tokens: int = RolloutConfig.max_new_tokens
     seed: int | None = None
     row_offset: int = 0
@@ -70,7 +74,8 @@ class RolloutBatch:
         texts: ``B`` decoded completions (special tokens removed).
         group_size: G.
         sampler_logprobs: ``[B, Tc]`` float32 log-probability of each sampled token under the
-            distribution the sampler drew it from (after temperature), 0 past the mask; None
+            distribution the sampler drew it from (after temperature, renormalised over the
+            top-k / top-p keep set), 0 past the mask; None
             when the backend does not report them (greedy decoding).
     """
 

@@ -7,7 +7,9 @@ from transformers import LogitsProcessorList
 
 from harness import progress
 from harness.kv import cache_kwarg, prompt_cache
+from harness.precision import upcast
 from harness.rollout.base import BACKENDS, RolloutBatch, RolloutConfig, SamplingParams, concat_batches
+from harness.truncation import SamplingFilter, keep_set
 
 
 def completion_mask_from_ids(completion_ids: torch.Tensor, eos_ids: set[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -43,21 +45,33 @@ class _TokenProgress:
 class _LogprobRecorder:
     """A logits processor (first in the list, so it sees the raw logits) that records the
     sampler's log-probability of each sampled token: ``log_softmax(logits / T)`` at the token
-    drawn, i.e. the distribution the token was sampled from.
+    drawn, i.e. the distribution the token was sampled from, in the precision of the logits it is
+    given (``generate`` hands float32 logits even to a float64 model).
+
+    With a truncation (``top_k`` / ``top_p``, :mod:`harness.truncation`) it also applies it: the
+    keep set is computed from ``logits / T`` (:func:`harness.truncation.keep_set`, the function
+    the trainer's log-probs call), the logits it returns are ``-inf`` outside it (so the seeded
+    race and transformers' sampler that follow draw only from it), and the recorded log-prob is
+    renormalised over it.
 
     At decoding step t it reads the token chosen at step t-1 (the last column of ``input_ids``)
     from the previous step's log-softmax; :meth:`finish` reads the final token from the last one.
     """
 
-    def __init__(self, temperature: float):
-        self.temperature = temperature
+    def __init__(self, temperature: float, keep: SamplingFilter = SamplingFilter()):
+        self.temperature, self.keep = temperature, keep
         self.prev: torch.Tensor | None = None
         self.out: list[torch.Tensor] = []
 
     def __call__(self, input_ids, scores):
         if self.prev is not None:
             self.out.append(self.prev.gather(1, input_ids[:, -1:]).squeeze(1))
-        self.prev = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        logits = upcast(scores) / self.temperature
+        if self.keep.active:
+            kept = keep_set(logits, self.keep.top_k, self.keep.top_p)
+            logits = logits.masked_fill(~kept, float("-inf"))
+            scores = scores.masked_fill(~kept, float("-inf"))
+        self.prev = torch.log_softmax(logits, dim=-1)
         return scores
 
     def finish(self, completion: torch.Tensor) -> torch.Tensor:
@@ -163,19 +177,18 @@ class HFRollout:
         enc = self.tokenizer(rows, return_tensors="pt", padding=True, add_special_tokens=False)
         enc = {k: v.to(self.model.device) for k, v in enc.items()}
         greedy = params.temperature == 0
-        recorder = None if greedy else _LogprobRecorder(params.temperature)
+        # the recorder also applies top_k / top_p (the trainer's keep set), so both samplers below see it
+        recorder = None if greedy else _LogprobRecorder(params.temperature, SamplingFilter(params.top_k, params.top_p))
         processors = [recorder] if recorder is not None else []
         if greedy:
             kwargs = dict(do_sample=False)
         elif params.seed is not None:
-            if params.top_p < 1:
-                raise ValueError(f"top_p={params.top_p}: seeded sampling draws from the full softmax only")
             kwargs = dict(do_sample=False)
             first = params.row_offset + first_row
             processors.append(_SeededSampler(params.seed, range(first, first + len(rows)), params.temperature,
                                              self.model.device))
         else:
-            kwargs = dict(do_sample=True, temperature=params.temperature, top_p=params.top_p, top_k=0)
+            kwargs = dict(do_sample=True, temperature=params.temperature, top_p=1.0, top_k=0)  # truncated above
 
         cache = self._shared_prefill(rows, enc) if self.share_prefix else None
         if cache is not None:

