@@ -280,7 +280,8 @@ class Trainer:
         self.step += 1
         self._refresh_reference()
         with _timed(times, "time/weight_sync_s"):  # into the rollout engine (vLLM); the hf backend shares the module
-            self.backend.sync_weights(self.policy if self.lagged is None else self.lagged.advance(self.policy, self.step))
+            sampler = self.policy if self.lagged is None else self.lagged.advance(self.policy, self.step)  # stale: lagged
+            self.backend.sync_weights(sampler)
         times["time/step_s"] = time.perf_counter() - t_start
         metrics = step_metrics(StepOutputs(
             batch, rew, rewards, ctx.mask, adv.advantages, info, stats, self._controls(lr), times,
@@ -317,7 +318,9 @@ class Trainer:
         t0 = time.perf_counter()
         behaviour_is_old = self.lagged is not None and not self.algo.ratio_against_proximal
         with full_weights(self.policy), progress.phase("old log-probs"):
-            old = batched_logprobs(self.policy, *args, **kw) if self.algo.needs_old_logprobs and not behaviour_is_old else None
+            need_old = self.algo.needs_old_logprobs and not behaviour_is_old
+            old = batched_logprobs(self.policy, *args, **kw) if need_old else None
+            # the behaviour policy's forward is timed with the old one's (time/old_logprob_s)
             behaviour = batched_logprobs(self.lagged.module, *args, **kw) if self.lagged is not None else None
         if behaviour_is_old:
             old = behaviour
@@ -328,8 +331,8 @@ class Trainer:
         with progress.phase("critic values"):
             values = self.critic.values(*args, self.cfg.train.micro_batch_size) if self.critic is not None else None
         t_all = time.perf_counter() - t0
-        return old, behaviour, ref, values, {"time/logprob_s": t_all, "time/old_logprob_s": t_old, "time/ref_logprob_s": t_ref,
-                                  "time/value_s": t_all - t_old - t_ref}
+        return old, behaviour, ref, values, {"time/logprob_s": t_all, "time/old_logprob_s": t_old,
+                                             "time/ref_logprob_s": t_ref, "time/value_s": t_all - t_old - t_ref}
 
     def _advantage_context(self, batch, rew, rewards, scores, token_rewards, values, greedy) -> AdvantageContext:
         """The estimator's input over the global batch (all ranks' rows, rank order): the scores
