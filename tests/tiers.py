@@ -32,6 +32,10 @@ FAST_TESTS = {
     "test_pipeline.py::test_two_steps_log_params_metrics_tags_and_artifacts",  # the tiny end-to-end run
     "test_knobs.py::test_every_schema_key_is_classified",
     "test_keep_final.py::test_keep_final_takes_only_its_values",
+    "test_staleness.py::test_lagged_policy_walks_the_versions_and_restores_them",
+    "test_staleness.py::test_decoupled_weight_by_hand",
+    "test_staleness.py::test_decoupled_loss_by_hand",
+    "test_staleness.py::test_refused",
 }
 # tests of fast modules that run whole jobs or start the CLI (10-110 s each under load, measured)
 SLOW_TESTS = {
