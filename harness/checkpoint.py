@@ -21,8 +21,9 @@ KEEP_FINAL = ("weights", "full", "none")
 FINAL_WEIGHTS = "final"
 """The folder (``<checkpoint dir>/final/``) of a finished run's policy weights: a Hugging Face model
 folder (``model.safetensors``, ``config.json``, the tokenizer) that ``model.name_or_path`` loads."""
-MODEL_STATES = ("policy", "optimizer", "ref", "critic")
-"""The entries of a checkpoint that hold model or optimizer state (a finished marker drops them)."""
+MODEL_STATES = ("policy", "optimizer", "ref", "critic", "lagged")
+"""The entries of a checkpoint that hold model or optimizer state (a finished marker drops them);
+``lagged``: a stale run's behaviour weights and pending versions (:mod:`harness.staleness`)."""
 
 
 def rng_state() -> dict:

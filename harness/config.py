@@ -16,8 +16,8 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from harness.algo import (ENTROPY_CONTROLLERS, GROUP_FILTERS, LENGTH_PENALTIES, LOSS_AGGREGATIONS, POLICY_LOSSES, ROLLOUT_CORRECTIONS,
-                          TOKEN_ESTIMATORS)
+from harness.algo import (ENTROPY_CONTROLLERS, GROUP_FILTERS, LENGTH_PENALTIES, LOSS_AGGREGATIONS, OFFPOLICY_OBJECTIVES,
+                          POLICY_LOSSES, ROLLOUT_CORRECTIONS, TOKEN_ESTIMATORS)
 from harness.critic import CriticConfig  # the critic component's own node (critic.*)
 from harness.rollout import BACKENDS, RolloutConfig
 from harness.tasks import TASKS
@@ -140,6 +140,9 @@ class Config:
     length_penalty: Any = MISSING  # a LENGTH_PENALTIES params node: length_penalty=none | linear (prime-rl)
     # a ROLLOUT_CORRECTIONS params node: none | token_truncate | token_mask | sequence_truncate | sequence_mask
     rollout_correction: Any = MISSING
+    # an OFFPOLICY_OBJECTIVES params node: the objective under stale rollouts (rollout.staleness):
+    # behaviour (ratio against the sampling weights) | decoupled (AReaL: ratio against the proximal policy)
+    offpolicy: Any = MISSING
     top_entropy_quantile: float = 1.0  # keep the policy loss on the top q of tokens by entropy (1 = all)
     beta: float = 0.04  # KL coefficient
     kl: KLConfig = field(default_factory=KLConfig)
@@ -162,7 +165,8 @@ class Config:
 # config group -> the registry whose params dataclasses are its options
 GROUPS = {"task": TASKS, "advantage": TOKEN_ESTIMATORS, "policy_loss": POLICY_LOSSES, "loss_agg": LOSS_AGGREGATIONS,
           "group_filter": GROUP_FILTERS, "rollout": BACKENDS, "rollout_correction": ROLLOUT_CORRECTIONS,
-          "length_penalty": LENGTH_PENALTIES, "entropy_control": ENTROPY_CONTROLLERS}
+          "length_penalty": LENGTH_PENALTIES, "entropy_control": ENTROPY_CONTROLLERS,
+          "offpolicy": OFFPOLICY_OBJECTIVES}
 
 
 def group_schemas() -> dict:

@@ -30,6 +30,7 @@ from harness.perf import PeakMemory
 from harness.precision import compute_dtype
 from harness.rewards import RewardOutput, compute_rewards, process_step_rewards, shape_rewards
 from harness.rollout import RolloutBatch, SamplingParams, concat_batches, empty_batch
+from harness.staleness import LaggedPolicy
 from harness.step_metrics import StepOutputs, step_metrics
 from harness.update import TrainBatch, batched_logprobs, padding_waste, policy_pass
 
@@ -120,6 +121,10 @@ class Trainer:
         if self.algo.needs("values") and critic is None:
             raise ValueError(f"advantage={self.algo.estimator.name} needs critic values: pass critic=...")
         self.backend, self.tracker, self.critic = backend, tracker, critic
+        # rollout.staleness=k: the backend samples with the weights of k updates ago (harness.staleness)
+        self.lagged = LaggedPolicy(policy, cfg.rollout.staleness) if cfg.rollout.staleness else None
+        if self.lagged is not None:
+            backend.sync_weights(self.lagged.module)
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
         t = cfg.train
         self.ref = copy.deepcopy(policy).eval().requires_grad_(False) if self.algo.kl.uses_ref else None
@@ -213,6 +218,8 @@ class Trainer:
             batch, rew = empty_batch(G, self.tok.pad_token_id), _empty_rewards()
         problems = [p for ps in kept_problems for p in ps]
         info = {"train/groups_kept": kept_global, "time/rollout_s": t_roll, "time/reward_s": t_rew,
+                # updates between the weights that sampled (every row: one version) and the trained ones
+                "rollout/staleness_mean": float(self.lagged.lag(self.step)) if self.lagged is not None else 0.0,
                 "train/prompts_sampled": sampled, "perf/rollout_tokens": float(w.sum(generated))}
         return batch, rew, problems, info
 
@@ -253,7 +260,7 @@ class Trainer:
         t_start = time.perf_counter()
         with progress.phase("rollout"):
             batch, rew, problems, info = self.collect()
-        old, ref, values, times = self._logprob_passes(batch)
+        old, behaviour, ref, values, times = self._logprob_passes(batch)
         rewards = self._length_shaped(rew.rewards, batch.completion_mask, batch.prompt_mask)
         scores, token_rewards = shape_rewards(rewards, batch.completion_mask, old, ref, self.algo.kl, beta=self.kl_coef)
         with progress.phase("greedy rollout"):
@@ -272,13 +279,15 @@ class Trainer:
             stats = self._update(tb)
         self.step += 1
         self._refresh_reference()
-        with _timed(times, "time/weight_sync_s"):
-            self.backend.sync_weights(self.policy)  # into the rollout engine (vLLM); the hf backend shares the module
+        with _timed(times, "time/weight_sync_s"):  # into the rollout engine (vLLM); the hf backend shares the module
+            sampler = self.policy if self.lagged is None else self.lagged.advance(self.policy, self.step)  # stale: lagged
+            self.backend.sync_weights(sampler)
         times["time/step_s"] = time.perf_counter() - t_start
         metrics = step_metrics(StepOutputs(
             batch, rew, rewards, ctx.mask, adv.advantages, info, stats, self._controls(lr), times,
             elapsed_s=self.elapsed_before + time.time() - self.start_time, padding_waste=self._padding_waste(batch),
-            param_frac=self.param_frac, mismatch=self._mismatch_stats(batch, old, loss_mask)), self.world)
+            param_frac=self.param_frac, mismatch=self._mismatch_stats(batch, old if behaviour is None else behaviour,
+                                                                      loss_mask)), self.world)
         self._move_controllers(metrics, n_samples=ctx.mask.shape[0])
         G = self.cfg.group_size
         self._last = StepRecord(self.step, batch, rew, ctx.scores[first // G : (first + n) // G], local_adv,
@@ -295,14 +304,26 @@ class Trainer:
 
     def _logprob_passes(self, batch: RolloutBatch):
         """The forward passes before the update, each run only when the algorithm needs it: the
-        policy's old log-probs, the reference's log-probs, the critic's values (``[b, T]`` each,
-        else None), and their times (seconds: ``time/logprob_s`` all three, then each)."""
+        policy's old log-probs, the behaviour policy's (a stale run's, :mod:`harness.staleness`),
+        the reference's log-probs, the critic's values (``[b, T]`` each, else None), and their times
+        (seconds: ``time/logprob_s`` all, then each).
+
+        The old log-probs are the ratio's denominator (``offpolicy=``): the proximal policy's (the
+        current weights, before the update) when the objective declares so, else the behaviour
+        policy's, which on-policy are the same weights; a stale run's behaviour log-probs are always
+        computed (the mismatch metrics compare them with the sampler's)."""
         fwd, args = self.algo.forward, (batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask)
         kw = dict(temperature=fwd.temperature, chunk=fwd.chunk, micro_batch_size=self.cfg.train.micro_batch_size,
                   share_prefix=fwd.share_prefix, precision=fwd.precision, keep=fwd.keep)
         t0 = time.perf_counter()
+        behaviour_is_old = self.lagged is not None and not self.algo.ratio_against_proximal
         with full_weights(self.policy), progress.phase("old log-probs"):
-            old = batched_logprobs(self.policy, *args, **kw) if self.algo.needs_old_logprobs else None
+            need_old = self.algo.needs_old_logprobs and not behaviour_is_old
+            old = batched_logprobs(self.policy, *args, **kw) if need_old else None
+            # the behaviour policy's forward is timed with the old one's (time/old_logprob_s)
+            behaviour = batched_logprobs(self.lagged.module, *args, **kw) if self.lagged is not None else None
+        if behaviour_is_old:
+            old = behaviour
         t_old = time.perf_counter() - t0
         with full_weights(self.ref), progress.phase("reference log-probs"):
             ref = batched_logprobs(self.ref, *args, **kw) if self.ref is not None else None
@@ -310,8 +331,8 @@ class Trainer:
         with progress.phase("critic values"):
             values = self.critic.values(*args, self.cfg.train.micro_batch_size) if self.critic is not None else None
         t_all = time.perf_counter() - t0
-        return old, ref, values, {"time/logprob_s": t_all, "time/old_logprob_s": t_old, "time/ref_logprob_s": t_ref,
-                                  "time/value_s": t_all - t_old - t_ref}
+        return old, behaviour, ref, values, {"time/logprob_s": t_all, "time/old_logprob_s": t_old,
+                                             "time/ref_logprob_s": t_ref, "time/value_s": t_all - t_old - t_ref}
 
     def _advantage_context(self, batch, rew, rewards, scores, token_rewards, values, greedy) -> AdvantageContext:
         """The estimator's input over the global batch (all ranks' rows, rank order): the scores
@@ -438,7 +459,7 @@ class Trainer:
         share = w.shard(len(problems))
         correct: list[int] = []
         lengths: list[int] = []
-        with full_weights(self.policy), progress.phase("eval"):
+        with full_weights(self.policy), progress.phase("eval"), self._policy_in_backend():
             m, rows = evaluate(self.task, self.backend, self.tok, problems[share.start : share.stop],
                            max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
                            num_samples=cfg.eval.num_samples, temperature=cfg.eval.temperature,
@@ -461,6 +482,19 @@ class Trainer:
         if self.on_eval is not None:
             self.on_eval(step, m)
         return m
+
+    @contextmanager
+    def _policy_in_backend(self):
+        """Evaluation measures the trained policy: a stale run's backend holds the behaviour weights,
+        so the policy's go in for the ``with`` block and the behaviour's back after it."""
+        if self.lagged is None:
+            yield
+            return
+        self.backend.sync_weights(self.policy)
+        try:
+            yield
+        finally:
+            self.backend.sync_weights(self.lagged.module)
 
     def fit(self) -> dict:
         """Run ``train.steps`` steps with evals before, every ``eval.every`` steps and at the end.
@@ -527,6 +561,7 @@ class Trainer:
             "critic": self.critic.state_dict() if self.critic is not None else None,
             "adv_state": self.adv_state, "rng": ckpt.rng_state(), "skipped": self.skipped, "kl_coef": self.kl_coef,
             "entropy_coef": self.entropy_coef, "last_entropy": self.last_entropy,
+            "lagged": self.lagged.state_dict(self.step) if self.lagged is not None else None,
             "elapsed_s": self.elapsed_before + time.time() - self.start_time,
             "pending_metrics": [(m.key, m.value, m.timestamp, m.step) for m in self.tracker.pending],
         }
@@ -587,7 +622,9 @@ class Trainer:
         per_rank = state.get("rng_per_rank")
         same_world = per_rank is not None and len(per_rank) == self.world.world_size
         ckpt.set_rng_state(per_rank[self.world.rank] if same_world else state["rng"])
-        self.backend.sync_weights(self.policy)
+        if self.lagged is not None:
+            self.lagged.load_state_dict(state["lagged"], self.policy)
+        self.backend.sync_weights(self.policy if self.lagged is None else self.lagged.module)
         self._log_pending(state.get("pending_metrics") or [])
 
     def _log_pending(self, pending: list) -> None:

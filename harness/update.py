@@ -265,10 +265,13 @@ def policy_pass(policy, batch: TrainBatch, algo: Algorithm, micro_batch_size: in
             inputs = {"advantages": mb.advantages, "current_log_ratio": (logp.detach() - mb.sampler_logprobs) * mask}
             weights = correction((old - mb.sampler_logprobs) * mask, mask,
                                  **{k: v for k, v in inputs.items() if k in correction.spec.needs})
+        # the objective under staleness (offpolicy=): the behaviour-to-proximal weight, or the above
+        weights, off_stats = algo.offpolicy(old, mb.sampler_logprobs, mask, weights)
         per_token, stats = token_objective(logp, old, mb.ref_logprobs, mb.advantages, mask, entropy, algo, beta, weights,
                                           entropy_coef)
-        if weights is not None:
+        if weights is not None and correction.name != "none":
             stats["rollout_is_weight_mean"] = masked_mean(weights, mask)
+        stats.update(off_stats)
         loss = aggregate(per_token, mask, algo, norm)
         loss.backward()
         stats["entropy"] = masked_mean(entropy.detach(), mask)

@@ -8,8 +8,9 @@ import os
 
 import torch
 
-from harness.algo import (KL_CONTROLLERS, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, TOKEN_ESTIMATORS,
-                          build_algorithm, dry_run)
+from harness.algo import (KL_CONTROLLERS, KL_ESTIMATORS, LOSS_AGGREGATIONS, OFFPOLICY_OBJECTIVES, POLICY_LOSSES,
+                          TOKEN_ESTIMATORS, build_algorithm, dry_run)
+from harness.algo.offpolicy import DecoupledParams
 from harness.algo.kl import IMPORTANCE_CORRECTABLE
 from harness.checkpoint import KEEP_FINAL
 from harness.config import KLConfig
@@ -48,6 +49,19 @@ def _dry_run(cfg) -> None:
         dry_run(build_algorithm(cfg), cfg.group_size)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+
+
+def _check_staleness(cfg) -> None:
+    """``rollout.staleness`` and ``offpolicy=`` (:mod:`harness.staleness`, :mod:`harness.algo.offpolicy`)."""
+    k = cfg.rollout.staleness
+    _check(k >= 0, f"rollout.staleness={k}: expected >= 0 (0 = on-policy)")
+    _check(k == 0 or cfg.train.sharding == "none", f"rollout.staleness={k} with train.sharding={cfg.train.sharding}: "
+           "the lagged weight versions are full copies, not shards; use train.sharding=none")
+    _choice("offpolicy", cfg.offpolicy.name, OFFPOLICY_OBJECTIVES.names())
+    if cfg.offpolicy.name == "decoupled" and cfg.rollout_correction.name != "none":
+        _unread(cfg.offpolicy, "offpolicy", DecoupledParams, ["cap"],
+                f"with rollout_correction={cfg.rollout_correction.name} the decoupled weight is capped by that "
+                "correction (rollout_correction.cap)")
 
 
 def validate(cfg) -> None:
@@ -143,4 +157,5 @@ def validate(cfg) -> None:
     if cfg.kl.placement == "reward" and cfg.beta > 0:
         _check("step_rewards" not in estimator.needs,
                f"kl.placement=reward is not defined for advantage={cfg.advantage.name} (step rewards)")
+    _check_staleness(cfg)
     _dry_run(cfg)

@@ -176,6 +176,7 @@ KNOBS = {
     "rollout/hf.batch_size": speed(2),
     "rollout/hf.progress": book("progress bar"),
     "rollout/hf.share_prefix": speed("false"),
+    "rollout/hf.staleness": math_(1, "rollout"),  # step 2 samples with the initial weights (tests/test_staleness.py)
     # rollout=vllm (tests/test_vllm.py runs it end to end): each key reaches the engine or is refused
     "rollout/vllm.backend": refused("hf", "choose the backend with rollout=hf"),
     "rollout/vllm.temperature": check("check_vllm_sampling"),
@@ -185,6 +186,7 @@ KNOBS = {
     "rollout/vllm.batch_size": refused(2, "rollout.batch_size=2 with rollout=vllm"),
     "rollout/vllm.progress": book("progress bar"),
     "rollout/vllm.share_prefix": check("check_vllm_engine"),
+    "rollout/vllm.staleness": check("check_vllm_staleness"),
     "rollout/vllm.dtype": check("check_vllm_engine"),
     "rollout/vllm.kv_cache_gib": check("check_vllm_engine"),
     "rollout/vllm.max_model_len": check("check_vllm_engine"),
@@ -205,6 +207,9 @@ KNOBS = {
     "rollout_correction/geometric.cap": math_(1.0, "metric:rollout/is_frac_past_cap"),
     "rollout_correction/off_policy_sequence_mask.threshold": math_(0.0, "loss"),
     "rollout_correction/off_policy_sequence_mask.cap": math_(1.0, "metric:rollout/is_frac_past_cap"),
+    # ---------------------------------------------------------------- the objective under staleness
+    "offpolicy": math_("decoupled", "loss", "rollout.staleness=1"),
+    "offpolicy/decoupled.cap": math_(1.0, "loss", "rollout.staleness=1"),
     # ---------------------------------------------------------------- advantage estimators
     "advantage": math_("rloo", "advantages"),
     "advantage/grpo.eps": math_(0.5, "advantages"),
@@ -725,6 +730,52 @@ def check_vllm_sampling(key, tmp_path, monkeypatch):
         assert short.completion_ids.shape[1] == 3 and int(short.completion_mask.sum(1).max()) <= 3
     finally:
         backend.close()
+
+
+def check_vllm_staleness(key, tmp_path, monkeypatch):
+    """rollout=vllm, rollout.staleness=1: the engine receives the lagged weights through its
+    reload_weights path. Step 2's rollouts are what the engine samples, with the same seeds, once
+    loaded with the initial weights, and not what it samples with the weights after step 1."""
+    import copy
+
+    from harness.run import build_components
+    from harness.trainer import Trainer
+    from tests import test_vllm  # noqa: F401  (skips this test when vLLM is missing)
+    from tests.knob_probe import MemoryTracker
+
+    cfg = compose("model=tiny", "task=arith", "rollout=vllm", "rollout.progress=false", "rollout.kv_cache_gib=1",
+                  "rollout.max_model_len=256", "model.tiny_config.hidden_size=128",
+                  "model.tiny_config.num_attention_heads=2", "model.tiny_config.num_key_value_heads=1",
+                  "rollout.staleness=1", "train.steps=2", "train.prompts_per_step=2", "group_size=4",
+                  "rollout.max_new_tokens=8", "eval.every=0", "eval.size=2", "checkpoint.every=0", "train.lr=0.05",
+                  "advantage=reinforce", "advantage.baseline=none", "overlong.buffer=7", "beta=0")
+    validate(cfg)
+    task, tok, policy, critic, backend = build_components(cfg)
+    calls, versions = [], [copy.deepcopy(policy.state_dict())]
+
+    class Recorder:
+        def generate(self, prompts, n, params):
+            out = backend.generate(prompts, n, params)
+            if n > 1:
+                calls.append((prompts, n, params, out.completion_ids))
+            return out
+
+        def sync_weights(self, model):
+            backend.sync_weights(model)
+
+    trainer = Trainer(cfg, task, tok, policy, Recorder(), MemoryTracker(), critic=critic,
+                      on_step=lambda r: versions.append(copy.deepcopy(policy.state_dict())))
+    trainer.fit()
+    prompts, n, params, ids = calls[1]
+    again = {}
+    for v in (0, 1):
+        model = copy.deepcopy(policy)
+        model.load_state_dict(versions[v])
+        backend.sync_weights(model)
+        again[v] = backend.generate(prompts, n, params).completion_ids
+    backend.close()
+    assert torch.equal(again[0], ids), "step 2 did not sample with the initial weights"
+    assert not torch.equal(again[1], ids), "the weights after step 1 sample the same: the check cannot see the lag"
 
 
 def test_knob_probe_exercises_the_branches():

@@ -28,11 +28,16 @@ ARGS = ["model=tiny", "task=arith", "train.steps=4", "train.prompts_per_step=2",
         "rollout.progress=false", f"train.threads={job_threads()}", "train.lr=1e-3", "task.format_reward=0.5",
         "beta=0.1", "advantage=reinforce", "advantage.baseline=none", "overlong.buffer=9", "overlong.penalty=1.0"]
 DETERMINISTIC = ["train/reward_mean", "train/loss", "train/grad_norm", "train/kl", "train/entropy",
-                 "train/completion_len_mean", "eval/accuracy", "eval/completion_len_mean"]
+                 "train/completion_len_mean", "eval/accuracy", "eval/completion_len_mean", "rollout/logprob_diff_mean"]
 
 
-def _cmd(tmp, name, dtype="float32"):
-    return [sys.executable, "-m", "harness.run", *ARGS, f"model.dtype={dtype}", f"checkpoint.dir={tmp}/{name}/ckpt",
+# a stale run (harness.staleness): the checkpoint holds the behaviour weights and the pending
+# versions; with k=2 a kill after step 1 or 2 resumes on the initial weights, after 3 on version 1
+STALE = ("rollout.staleness=2", "offpolicy=decoupled", "offpolicy.cap=null")
+
+
+def _cmd(tmp, name, dtype="float32", extra=()):
+    return [sys.executable, "-m", "harness.run", *ARGS, *extra, f"model.dtype={dtype}", f"checkpoint.dir={tmp}/{name}/ckpt",
             f"tracking.uri=sqlite:///{tmp}/{name}/mlflow.db", f"hydra.run.dir={tmp}/{name}/out"]
 
 
@@ -47,15 +52,16 @@ def _histories(tmp, name):
                                                        key=lambda m: m.step)] for k in DETERMINISTIC}
 
 
-@pytest.mark.parametrize("dtype", ["float64", pytest.param("float32", marks=pytest.mark.exactness)])
-def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path, dtype):
+@pytest.mark.parametrize("dtype, extra", [("float64", ()), pytest.param("float32", (), marks=pytest.mark.exactness),
+                                          ("float64", STALE)], ids=["float64", "float32", "float64-stale"])
+def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path, dtype, extra):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     for name in ("a", "b"):
         (tmp_path / name).mkdir()
-    subprocess.run(_cmd(tmp_path, "a", dtype), cwd=tmp_path, env=env, check=True, capture_output=True, timeout=600)
+    subprocess.run(_cmd(tmp_path, "a", dtype, extra), cwd=tmp_path, env=env, check=True, capture_output=True, timeout=600)
 
     kill_after = random.Random().randint(1, 3)  # a random step between the first and the last
-    proc = subprocess.Popen(_cmd(tmp_path, "b", dtype), cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(_cmd(tmp_path, "b", dtype, extra), cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 600
     for line in proc.stdout:
@@ -65,7 +71,7 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path, dtype):
         assert time.time() < deadline
     proc.wait(timeout=60)
     assert proc.returncode == -signal.SIGKILL, f"run ended before step {kill_after}"
-    resumed = subprocess.run(_cmd(tmp_path, "b", dtype), cwd=tmp_path, env=env, capture_output=True, text=True,
+    resumed = subprocess.run(_cmd(tmp_path, "b", dtype, extra), cwd=tmp_path, env=env, capture_output=True, text=True,
                              timeout=600)
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
     assert "resuming from" in resumed.stdout + resumed.stderr
@@ -76,6 +82,12 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path, dtype):
     assert [s for s, _ in hist_b["train/reward_mean"]] == [1, 2, 3, 4]  # none twice, none missing
     assert [s for s, _ in hist_b["eval/accuracy"]] == [0, 2, 4]
     assert run_a.data.params["model.dtype"] == dtype
+    if extra:  # the stale run was stale: steps 2, 3, 4 sampled with weights 1, 2, 2 updates old
+        from mlflow.tracking import MlflowClient
+        client = MlflowClient(f"sqlite:///{tmp_path}/b/mlflow.db")
+        lags = [m.value for m in sorted(client.get_metric_history(run_b.info.run_id, "rollout/staleness_mean"),
+                                        key=lambda m: m.step)]
+        assert lags == [0.0, 1.0, 2.0, 2.0], lags
     assert min(v for _, v in hist_a["train/grad_norm"]) > 1e-3, "the weights did not move: the comparison is vacuous"
     if dtype == "float32":
         assert hist_a == hist_b

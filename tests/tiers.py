@@ -40,6 +40,10 @@ FAST_TESTS = {
     "test_truncation.py::test_tie_on_the_top_p_boundary_is_decided_by_the_stable_sort",
     "test_truncation.py::test_bad_filter_values_are_refused",
     "test_truncation.py::test_sampled_token_is_kept_even_outside_the_recomputed_set",
+    "test_staleness.py::test_lagged_policy_walks_the_versions_and_restores_them",
+    "test_staleness.py::test_decoupled_weight_by_hand",
+    "test_staleness.py::test_decoupled_loss_by_hand",
+    "test_staleness.py::test_refused",
 }
 # tests of fast modules that run whole jobs or start the CLI (10-110 s each under load, measured)
 SLOW_TESTS = {

@@ -31,6 +31,7 @@ from .filters import GROUP_FILTERS
 from .length_penalty import LENGTH_PENALTIES
 from .gae import gae, reinforce_pp_returns
 from .kl import KL_CONTROLLERS, KL_ESTIMATORS, kl_penalty
+from .offpolicy import OFFPOLICY_OBJECTIVES
 from .policy_losses import POLICY_LOSSES
 from .registry import Registry
 from .rollout_correction import ROLLOUT_CORRECTIONS, mismatch_stats
@@ -54,6 +55,7 @@ __all__ = [
     "build_algorithm",
     "dry_run",
     "ROLLOUT_CORRECTIONS",
+    "OFFPOLICY_OBJECTIVES",
     "mismatch_stats",
     "compute_advantages",
     "estimate_advantages",

@@ -29,6 +29,7 @@ from .estimators import TOKEN_ESTIMATORS, AdvantageContext
 from .entropy import ENTROPY_CONTROLLERS
 from .filters import GROUP_FILTERS
 from .length_penalty import LENGTH_PENALTIES
+from .offpolicy import OFFPOLICY_OBJECTIVES
 from .kl import KL_CONTROLLERS, KL_ESTIMATORS, estimate_kl
 from .policy_losses import POLICY_LOSSES
 from .registry import Registry, Variant
@@ -131,6 +132,8 @@ class Algorithm:
         kl: the KL term (:class:`KLTerm`).
         rollout_correction: ``rollout_correction=``: ``(log_ratio, mask, **needs) -> weights or None``
             (``needs``: ``advantages``, ``current_log_ratio``, as the variant declares).
+        offpolicy: ``offpolicy=``: the objective under stale rollouts, ``(prox, sampler, mask,
+            correction_weights) -> (weights or None, stats)`` (:mod:`harness.algo.offpolicy`).
         group_filter: ``group_filter=``: ``(rewards [P, G]) -> keep [P]``; ``params.max_rounds``.
         length_penalty: ``length_penalty=``: ``(rewards, output_tokens, input_tokens, turns)``, each
             ``[P, G]`` -> shaped rewards ``[P, G]`` (the identity for ``none``).
@@ -147,6 +150,7 @@ class Algorithm:
     max_len: int
     kl: KLTerm
     rollout_correction: Choice
+    offpolicy: Choice
     group_filter: Choice
     length_penalty: Choice
     top_entropy_quantile: float
@@ -158,6 +162,12 @@ class Algorithm:
     def needs(self, what: str) -> bool:
         """True if the estimator declares it needs ``what`` (``values``, ``step_rewards``, ``greedy``)."""
         return what in self.estimator.spec.needs
+
+    @property
+    def ratio_against_proximal(self) -> bool:
+        """True when the policy loss's ratio is taken against the proximal policy (the weights before
+        this step's update) rather than the behaviour policy (``offpolicy=``'s declaration)."""
+        return "proximal" in self.offpolicy.spec.needs
 
     @property
     def needs_old_logprobs(self) -> bool:
@@ -184,6 +194,7 @@ def build_algorithm(cfg: Any) -> Algorithm:
                   controller=KL_CONTROLLERS.spec(kl.controller), target=kl.target, horizon=kl.horizon,
                   ref_refresh_steps=kl.ref_refresh_steps),
         rollout_correction=Choice.build(ROLLOUT_CORRECTIONS, cfg.rollout_correction),
+        offpolicy=Choice.build(OFFPOLICY_OBJECTIVES, cfg.offpolicy),
         group_filter=Choice.build(GROUP_FILTERS, cfg.group_filter),
         length_penalty=Choice.build(LENGTH_PENALTIES, cfg.length_penalty),
         top_entropy_quantile=cfg.top_entropy_quantile,
@@ -231,8 +242,9 @@ def dry_run(algo: Algorithm, group_size: int) -> None:
     algo.kl.next_beta(1.0, 0.1, 1)
     algo.entropy_control(algo.entropy_coef, 0.1)
     inputs = {"advantages": adv, "current_log_ratio": torch.zeros(2 * G, 3)}  # what a correction may declare it needs
-    algo.rollout_correction(torch.zeros(2 * G, 3), mask,
-                            **{k: v for k, v in inputs.items() if k in algo.rollout_correction.spec.needs})
+    weights = algo.rollout_correction(torch.zeros(2 * G, 3), mask,
+                                      **{k: v for k, v in inputs.items() if k in algo.rollout_correction.spec.needs})
+    algo.offpolicy(logp.detach(), logp.detach() - 0.05, mask, weights)
 
 
 __all__ = ["Algorithm", "Choice", "KLTerm", "LogprobForward", "build_algorithm", "dry_run"]

@@ -38,6 +38,8 @@ class RolloutConfig:
     batch_size: int = 0
     progress: bool = True
     share_prefix: bool = True  # prefill each distinct prompt once, copy its KV cache to the group
+    # sample step t's rollouts with the weights of k updates ago (harness.staleness; 0 = on-policy)
+    staleness: int = 0
 
 
 @dataclass
