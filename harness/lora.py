@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Iterator, List
 
@@ -54,7 +55,9 @@ def trainable_fraction(model: torch.nn.Module) -> float:
 
 def _lora_layers(model: torch.nn.Module):
     """``(name, peft LoRA layer)`` pairs of ``model`` (none for a model without adapters)."""
-    from peft.tuners.tuners_utils import BaseTunerLayer  # lazy: importing peft takes ~5 s; only lora=peft layers have it
+    if "peft" not in sys.modules:  # never imported: no module can be a peft layer (and no 5 s import)
+        return []
+    from peft.tuners.tuners_utils import BaseTunerLayer  # lazy: importing peft takes ~5 s; only lora=peft needs it
 
     return [(n, m) for n, m in model.named_modules() if isinstance(m, BaseTunerLayer)]
 
