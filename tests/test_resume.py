@@ -16,6 +16,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 from tests.conftest import job_threads
 
@@ -31,8 +32,8 @@ DETERMINISTIC = ["train/reward_mean", "train/loss", "train/grad_norm", "train/kl
                  "train/completion_len_mean", "eval/accuracy", "eval/completion_len_mean"]
 
 
-def _cmd(tmp, name, dtype="float32"):
-    return [sys.executable, "-m", "harness.run", *ARGS, f"model.dtype={dtype}", f"checkpoint.dir={tmp}/{name}/ckpt",
+def _cmd(tmp, name, dtype="float32", extra=()):
+    return [sys.executable, "-m", "harness.run", *ARGS, *extra, f"model.dtype={dtype}", f"checkpoint.dir={tmp}/{name}/ckpt",
             f"tracking.uri=sqlite:///{tmp}/{name}/mlflow.db", f"hydra.run.dir={tmp}/{name}/out"]
 
 
@@ -47,15 +48,18 @@ def _histories(tmp, name):
                                                        key=lambda m: m.step)] for k in DETERMINISTIC}
 
 
-@pytest.mark.parametrize("dtype", ["float64", pytest.param("float32", marks=pytest.mark.exactness)])
-def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path, dtype):
+# lora: the checkpoint holds the adapters and their optimizer state only (harness.lora)
+@pytest.mark.parametrize("dtype, extra", [("float64", ()), pytest.param("float32", (), marks=pytest.mark.exactness),
+                                          pytest.param("float64", ("lora=peft", "lora.r=4", "checkpoint.keep_final=full"),
+                                                       id="float64-lora")])
+def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path, dtype, extra):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     for name in ("a", "b"):
         (tmp_path / name).mkdir()
-    subprocess.run(_cmd(tmp_path, "a", dtype), cwd=tmp_path, env=env, check=True, capture_output=True, timeout=600)
+    subprocess.run(_cmd(tmp_path, "a", dtype, extra), cwd=tmp_path, env=env, check=True, capture_output=True, timeout=600)
 
     kill_after = random.Random().randint(1, 3)  # a random step between the first and the last
-    proc = subprocess.Popen(_cmd(tmp_path, "b", dtype), cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(_cmd(tmp_path, "b", dtype, extra), cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 600
     for line in proc.stdout:
@@ -65,7 +69,7 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path, dtype):
         assert time.time() < deadline
     proc.wait(timeout=60)
     assert proc.returncode == -signal.SIGKILL, f"run ended before step {kill_after}"
-    resumed = subprocess.run(_cmd(tmp_path, "b", dtype), cwd=tmp_path, env=env, capture_output=True, text=True,
+    resumed = subprocess.run(_cmd(tmp_path, "b", dtype, extra), cwd=tmp_path, env=env, capture_output=True, text=True,
                              timeout=600)
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
     assert "resuming from" in resumed.stdout + resumed.stderr
@@ -76,6 +80,11 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path, dtype):
     assert [s for s, _ in hist_b["train/reward_mean"]] == [1, 2, 3, 4]  # none twice, none missing
     assert [s for s, _ in hist_b["eval/accuracy"]] == [0, 2, 4]
     assert run_a.data.params["model.dtype"] == dtype
+    if extra:  # the LoRA run's checkpoints hold the adapters only
+        assert run_a.data.params["lora.name"] == "peft"
+        last = torch.load(sorted((tmp_path / "b" / "ckpt").glob("step_*.pt"))[-1], weights_only=False)
+        assert last["policy"] and all(".lora_" in k for k in last["policy"])
+        assert len(last["optimizer"]["state"]) == len(last["policy"])  # AdamW moments of the adapters only
     assert min(v for _, v in hist_a["train/grad_norm"]) > 1e-3, "the weights did not move: the comparison is vacuous"
     if dtype == "float32":
         assert hist_a == hist_b
