@@ -131,10 +131,16 @@ def test_lora_checkpoint_holds_adapters_and_their_optimizer_state():
     from harness.trainer import Trainer
     from tests.knob_probe import MemoryTracker
 
-    cfg = compose(*QUICK, "lora=peft", "lora.r=2", "train.steps=1", "eval.every=0", "eval.size=1")
+    cfg = compose(*QUICK, "lora=peft", "lora.r=2", "train.steps=1", "eval.every=0", "eval.size=1", "train.lr=1e-2",
+                  # every token gets advantage -1 (overlong penalty, no baseline): the adapters must move
+                  "advantage=reinforce", "advantage.baseline=none", "overlong.buffer=11", "overlong.penalty=1.0")
     prepare(cfg)
     task, tok, policy, critic, backend = build_components(cfg)
     trainer = Trainer(cfg, task, tok, policy, backend, MemoryTracker())
+    base = {k: v.clone() for k, v in base_state_dict(policy, merged=False).items()}
+    trainer.fit()  # one step: the base weights stay, the adapters move
+    assert all(torch.equal(v, base[k]) for k, v in base_state_dict(policy, merged=False).items())
+    assert max(float(p.detach().abs().max()) for n, p in policy.named_parameters() if ".lora_B." in n) > 0
     state = trainer._model_states()
     names = {n for n, p in policy.named_parameters() if p.requires_grad}
     assert set(state["policy"]) == names and all(".lora_" in n for n in names)
@@ -177,3 +183,18 @@ def test_fsdp2_with_lora_is_refused(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ConfigError, match="train.sharding=fsdp2 with lora=peft"):
         validate(compose(*QUICK, "lora=peft", "train.sharding=fsdp2"))
+
+
+def test_provenance_records_the_base_digest_and_the_adapter(tokenizer):
+    """model.weights_sha256 of a LoRA policy is its base weights' digest (the full fine-tuning run's),
+    model.adapter the lora config and model.adapter_sha256 the adapters' initial tensors."""
+    from harness import provenance
+
+    cfg = compose(*QUICK, "lora=peft", "lora.r=2")
+    base = tiny_llama(tokenizer)
+    policy = build_adapters(cfg.lora).apply(copy.deepcopy(base))
+    prov = provenance.collect(cfg, None, policy)
+    assert prov["provenance.model.weights_sha256"] == provenance.state_dict_sha256(base)
+    assert '"r": 2' in prov["provenance.model.adapter"] and '"name": "peft"' in prov["provenance.model.adapter"]
+    assert len(prov["provenance.model.adapter_sha256"]) == 64
+    assert "provenance.model.adapter" not in provenance.collect(compose(*QUICK), None, base)
