@@ -10,6 +10,7 @@ import copy
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 from harness.logprobs import token_logprobs
 from harness.lora import LoraConfig, PeftLora, base_state_dict, build_adapters, trainable_fraction
@@ -126,7 +127,7 @@ def test_lora_run_trains_only_the_adapters():
     assert full["records"][0].metrics["perf/trainable_param_frac"] == 1.0
 
 
-def test_lora_checkpoint_holds_adapters_and_their_optimizer_state():
+def test_lora_checkpoint_holds_adapters_and_their_optimizer_state(tmp_path):
     from harness.run import build_components, prepare
     from harness.trainer import Trainer
     from tests.knob_probe import MemoryTracker
@@ -136,11 +137,15 @@ def test_lora_checkpoint_holds_adapters_and_their_optimizer_state():
                   "advantage=reinforce", "advantage.baseline=none", "overlong.buffer=11", "overlong.penalty=1.0")
     prepare(cfg)
     task, tok, policy, critic, backend = build_components(cfg)
-    trainer = Trainer(cfg, task, tok, policy, backend, MemoryTracker())
+    trainer = Trainer(cfg, task, tok, policy, backend, MemoryTracker(), checkpoint_dir=tmp_path)
     base = {k: v.clone() for k, v in base_state_dict(policy, merged=False).items()}
     trainer.fit()  # one step: the base weights stay, the adapters move
     assert all(torch.equal(v, base[k]) for k, v in base_state_dict(policy, merged=False).items())
     assert max(float(p.detach().abs().max()) for n, p in policy.named_parameters() if ".lora_B." in n) > 0
+    # checkpoint.keep_final=weights: the merged model, loadable without peft
+    final = AutoModelForCausalLM.from_pretrained(tmp_path / "final")
+    merged = base_state_dict(policy)
+    assert all(torch.equal(v, merged[k]) for k, v in final.state_dict().items())
     state = trainer._model_states()
     names = {n for n, p in policy.named_parameters() if p.requires_grad}
     assert set(state["policy"]) == names and all(".lora_" in n for n in names)
@@ -198,3 +203,18 @@ def test_provenance_records_the_base_digest_and_the_adapter(tokenizer):
     assert '"r": 2' in prov["provenance.model.adapter"] and '"name": "peft"' in prov["provenance.model.adapter"]
     assert len(prov["provenance.model.adapter_sha256"]) == 64
     assert "provenance.model.adapter" not in provenance.collect(compose(*QUICK), None, base)
+
+
+def test_gradient_checkpointing_gives_the_adapters_the_same_gradients(tokenizer):
+    """model.gradient_checkpointing=true with frozen embeddings: the adapters still get gradients
+    (harness.lora enables input gradients), the same as without checkpointing (float64)."""
+    grads = []
+    for checkpointing in (False, True):
+        model = tiny_llama(tokenizer, dtype=torch.float64)
+        if checkpointing:
+            model.gradient_checkpointing_enable()
+        model = _lora(model.train())
+        token_logprobs(model, *_batch(len(tokenizer)))[0].sum().backward()
+        grads.append(torch.cat([p.grad.flatten() for n, p in model.named_parameters() if ".lora_B." in n]))
+    assert float(grads[0].abs().max()) > 1e-3
+    assert float((grads[0] - grads[1]).abs().max()) <= 1e-10
