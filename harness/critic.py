@@ -154,8 +154,9 @@ class Critic:
         return trainable
 
     def load_state_dict(self, state: dict) -> None:
-        missing = self._saved() - set(state["model"])
+        saved = self._saved()
+        missing = saved - set(state["model"])
         if missing:
             raise RuntimeError(f"critic checkpoint lacks {sorted(missing)[:2]}...: not this run's lora.* config")
-        self.model.load_state_dict(state["model"], strict=False)
+        self.model.load_state_dict(state["model"], strict=saved == set(self.model.state_dict()))
         self.opt.load_state_dict(state["optimizer"])

@@ -32,8 +32,8 @@ from harness import credentials, distributed, precision, progress, provenance
 from harness.algo import Algorithm, build_algorithm
 from harness.config import register_configs
 from harness.critic import Critic
-from harness.lora import build_adapters
 from harness.distributed import train_device, world
+from harness.lora import build_adapters
 from harness.models import ModelLoadError, dtype_of, keep_float64, load_causal_lm, load_tokenizer
 from harness.rollout import build_backend
 from harness.tasks import build_task

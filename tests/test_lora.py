@@ -169,6 +169,9 @@ def test_ppo_critic_trains_adapters_and_value_head():
         n for n in named if ".lora_" in n or n.startswith("value_head.")}
     assert set(critic.state_dict()["model"]) == {n for n in named if id(named[n]) in trained}
     assert critic.model.lm is not policy
+    critic.load_state_dict(critic.state_dict())  # the checkpoint round trip (adapters, head, AdamW)
+    with pytest.raises(RuntimeError, match="lora"):
+        critic.load_state_dict({"model": {}, "optimizer": critic.opt.state_dict()})
 
 
 @pytest.mark.parametrize("override, match", [
