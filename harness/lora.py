@@ -175,7 +175,11 @@ class PeftLora(FullFineTuning):
     @contextlib.contextmanager
     def reference_mode(self, model: torch.nn.Module) -> Iterator[None]:
         """Within the block, ``model``'s adapters are off (peft ``disable_adapter()``): its
-        forwards are exactly the base model's (each wrapped layer returns ``base_layer(x)``)."""
+        forwards are exactly the base model's (each wrapped layer returns ``base_layer(x)``).
+        ``model`` None (no reference: nothing declared a need for one): nothing to switch."""
+        if model is None:
+            yield
+            return
         with model.__dict__["_harness_peft"].disable_adapter():
             yield
 

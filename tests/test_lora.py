@@ -120,6 +120,7 @@ def test_lora_run_trains_only_the_adapters():
     obs = probe("lora=peft", "beta=0.5", "model.dtype=float64")
     assert metric(obs, "train/kl")[1] == 0.0
     assert metric(obs, "train/kl")[2] > 0.0
+    assert metric(probe("lora=peft", "beta=0.0"), "train/loss")[2] is not None  # no reference at all
     full = probe("beta=0.5", "model.dtype=float64")
     assert full["metrics"][1]["train/kl"] == 0.0
     frac = {s: m for s, m in obs["records"][0].metrics.items() if s == "perf/trainable_param_frac"}
