@@ -19,6 +19,7 @@ from omegaconf import MISSING
 from harness.algo import (ENTROPY_CONTROLLERS, GROUP_FILTERS, LENGTH_PENALTIES, LOSS_AGGREGATIONS, OFFPOLICY_OBJECTIVES,
                           POLICY_LOSSES, ROLLOUT_CORRECTIONS, TOKEN_ESTIMATORS)
 from harness.critic import CriticConfig  # the critic component's own node (critic.*)
+from harness.lora import ADAPTERS
 from harness.rollout import BACKENDS, RolloutConfig
 from harness.tasks import TASKS
 
@@ -131,6 +132,7 @@ class Config:
 
     task: Any = MISSING  # a TASKS params node: task=gsm8k, math, arith
     model: ModelConfig = field(default_factory=ModelConfig)
+    lora: Any = MISSING  # an ADAPTERS params node: lora=none (full fine-tuning) | peft (LoRA adapters)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     advantage: Any = MISSING
     seed: int = 0
@@ -166,7 +168,9 @@ class Config:
 GROUPS = {"task": TASKS, "advantage": TOKEN_ESTIMATORS, "policy_loss": POLICY_LOSSES, "loss_agg": LOSS_AGGREGATIONS,
           "group_filter": GROUP_FILTERS, "rollout": BACKENDS, "rollout_correction": ROLLOUT_CORRECTIONS,
           "length_penalty": LENGTH_PENALTIES, "entropy_control": ENTROPY_CONTROLLERS,
-          "offpolicy": OFFPOLICY_OBJECTIVES}
+          "offpolicy": OFFPOLICY_OBJECTIVES,
+
+          "lora": ADAPTERS}
 
 
 def group_schemas() -> dict:

@@ -18,6 +18,7 @@ import torch
 from harness.algo import aggregate_loss, explained_variance, value_loss
 from harness.distributed import world
 from harness.logprobs import completion_hidden
+from harness.lora import trainable_parameters
 from harness.precision import autocast, compute_dtype, upcast
 from harness.update import batched_forward, global_normalizers, micro_batches
 
@@ -71,7 +72,8 @@ class Critic:
     def __init__(self, settings: CriticConfig, model: ValueModel, *, betas, max_grad_norm: float, precision: str):
         self.settings, self.model = settings, model.train()
         self.max_grad_norm, self.precision = max_grad_norm, precision
-        self.opt = torch.optim.AdamW(model.parameters(), lr=settings.lr, betas=tuple(betas))
+        # lora=peft: the body's adapters and the value head (the body's base weights are frozen)
+        self.opt = torch.optim.AdamW(trainable_parameters(model), lr=settings.lr, betas=tuple(betas))
 
     @classmethod
     def build(cls, cfg, policy, fresh_policy) -> "Critic":
@@ -140,8 +142,21 @@ class Critic:
         return sums
 
     def state_dict(self) -> dict:
-        return {"model": self.model.state_dict(), "optimizer": self.opt.state_dict()}
+        return {"model": {n: t for n, t in self.model.state_dict().items() if n in self._saved()},
+                "optimizer": self.opt.state_dict()}
+
+    def _saved(self) -> set:
+        """Names of the state the checkpoint holds: everything, or with a LoRA body (frozen base
+        weights) the trainable tensors only (adapters and value head)."""
+        trainable = {n for n, p in self.model.named_parameters() if p.requires_grad}
+        if len(trainable) == len(list(self.model.parameters())):
+            return set(self.model.state_dict())
+        return trainable
 
     def load_state_dict(self, state: dict) -> None:
-        self.model.load_state_dict(state["model"])
+        saved = self._saved()
+        missing = saved - set(state["model"])
+        if missing:
+            raise RuntimeError(f"critic checkpoint lacks {sorted(missing)[:2]}...: not this run's lora.* config")
+        self.model.load_state_dict(state["model"], strict=saved == set(self.model.state_dict()))
         self.opt.load_state_dict(state["optimizer"])

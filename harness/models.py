@@ -133,8 +133,9 @@ def embedded_model_dir() -> Path:
     return target
 
 
-def save_pretrained_on_any_rank(model, folder) -> None:
-    """``model.save_pretrained(folder)`` in this process, whatever its rank.
+def save_pretrained_on_any_rank(model, folder, state_dict=None) -> None:
+    """``model.save_pretrained(folder, state_dict=state_dict)`` in this process, whatever its rank
+    (``state_dict`` None: the model's own; a LoRA policy passes :func:`harness.lora.base_state_dict`).
 
     transformers >= 5 writes the weights only on rank 0 of an initialised process group
     (``PreTrainedModel.should_save_on_this_rank``), but under ``torchrun`` each rank here needs
@@ -142,11 +143,11 @@ def save_pretrained_on_any_rank(model, folder) -> None:
     node. The rank check is lifted for this one call (an instance attribute shadows the method).
     """
     if not hasattr(model, "should_save_on_this_rank"):
-        model.save_pretrained(folder)
+        model.save_pretrained(folder, state_dict=state_dict)
         return
     model.__dict__["should_save_on_this_rank"] = lambda is_main_process=True: True
     try:
-        model.save_pretrained(folder)
+        model.save_pretrained(folder, state_dict=state_dict)
     finally:
         del model.__dict__["should_save_on_this_rank"]
 

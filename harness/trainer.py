@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import logging
@@ -26,6 +25,7 @@ from harness import distributed, progress
 from harness.distributed import full_weights, world
 from harness.evaluation import BY_OUTCOME, completion_len_by_outcome, evaluate
 from harness.health import HealthMonitor
+from harness.lora import base_state_dict, build_adapters, trainable_fraction, trainable_parameters
 from harness.perf import PeakMemory
 from harness.precision import compute_dtype
 from harness.rewards import RewardOutput, compute_rewards, process_step_rewards, shape_rewards
@@ -127,14 +127,18 @@ class Trainer:
             backend.sync_weights(self.lagged.module)
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
         t = cfg.train
-        self.ref = copy.deepcopy(policy).eval().requires_grad_(False) if self.algo.kl.uses_ref else None
+        # lora=none: the whole policy trains and the reference is a frozen copy; lora=peft: only the
+        # adapters train and the reference is the policy itself, run with its adapters off
+        self.adapters = build_adapters(cfg.get("lora"))
+        self.ref = self.adapters.reference(policy) if self.algo.kl.uses_ref else None
         if t.sharding == "fsdp2":  # before the optimizer: it must hold the shards
             distributed.shard(policy)
             if self.ref is not None:
                 distributed.shard(self.ref)
         # the share of the policy's parameters this rank holds (1.0 unless sharded): perf/param_shard_frac
         self.param_frac = distributed.local_fraction(policy.parameters())
-        self.opt = torch.optim.AdamW(policy.parameters(), lr=t.lr, betas=tuple(t.adam_betas),
+        self.trainable_frac = trainable_fraction(policy)  # perf/trainable_param_frac
+        self.opt = torch.optim.AdamW(trainable_parameters(policy), lr=t.lr, betas=tuple(t.adam_betas),
                                      weight_decay=t.weight_decay)
         self.sched = torch.optim.lr_scheduler.LambdaLR(
             self.opt, lr_lambda(t.lr_schedule, t.warmup_steps, t.steps))
@@ -288,6 +292,7 @@ class Trainer:
             elapsed_s=self.elapsed_before + time.time() - self.start_time, padding_waste=self._padding_waste(batch),
             param_frac=self.param_frac, mismatch=self._mismatch_stats(batch, old if behaviour is None else behaviour,
                                                                       loss_mask)), self.world)
+        metrics["perf/trainable_param_frac"] = self.trainable_frac  # 1.0 full fine-tuning; lora=peft: the adapters'
         self._move_controllers(metrics, n_samples=ctx.mask.shape[0])
         G = self.cfg.group_size
         self._last = StepRecord(self.step, batch, rew, ctx.scores[first // G : (first + n) // G], local_adv,
@@ -325,7 +330,7 @@ class Trainer:
         if behaviour_is_old:
             old = behaviour
         t_old = time.perf_counter() - t0
-        with full_weights(self.ref), progress.phase("reference log-probs"):
+        with full_weights(self.ref), self.adapters.reference_mode(self.ref), progress.phase("reference log-probs"):
             ref = batched_logprobs(self.ref, *args, **kw) if self.ref is not None else None
         t_ref = time.perf_counter() - t0 - t_old
         with progress.phase("critic values"):
@@ -546,7 +551,10 @@ class Trainer:
     def _model_states(self) -> dict:
         """Full policy / optimizer / reference state dicts (:func:`harness.distributed.full_state`: a
         collective when sharded, so every rank calls it)."""
-        policy, opt = distributed.full_state(self.policy, self.opt)
+        if distributed.is_sharded(self.policy):
+            policy, opt = distributed.full_state(self.policy, self.opt)
+        else:  # lora=peft: the adapters only
+            policy, opt = self.adapters.trainable_state(self.policy), self.opt.state_dict()
         # the reference only differs from the loaded initial weights once it is refreshed
         ref = distributed.full_state(self.ref)[0] if self.ref is not None and self.algo.kl.ref_refresh_steps else None
         return {"policy": policy, "optimizer": opt, "ref": ref}
@@ -581,7 +589,8 @@ class Trainer:
         rngs = self.world.gather_objects(ckpt.rng_state())
         models = None
         if keep_final == "weights":  # a collective when sharded: every rank gathers
-            models = {"policy": distributed.full_state(self.policy)[0]}
+            sharded = distributed.is_sharded(self.policy)  # lora=peft: the merged weights, in the base model's names
+            models = {"policy": distributed.full_state(self.policy)[0] if sharded else base_state_dict(self.policy)}
         elif keep_final == "full" and distributed.is_sharded(self.policy):
             models = self._model_states()
         path = None
@@ -606,7 +615,11 @@ class Trainer:
 
     def load_state_dict(self, state: dict) -> None:
         self.step, self.data_pos = state["step"], state["data_pos"]
-        distributed.load_full_state(self.policy, state["policy"], self.opt, state["optimizer"])
+        if distributed.is_sharded(self.policy):
+            distributed.load_full_state(self.policy, state["policy"], self.opt, state["optimizer"])
+        else:  # lora=peft: the checkpoint holds the adapters only
+            self.adapters.load_trainable_state(self.policy, state["policy"])
+            self.opt.load_state_dict(state["optimizer"])
         self.sched.load_state_dict(state["scheduler"])
         if self.ref is not None and state.get("ref") is not None:
             distributed.load_full_state(self.ref, state["ref"])

@@ -16,6 +16,7 @@ from harness.checkpoint import KEEP_FINAL
 from harness.config import KLConfig
 from harness.critic import CriticConfig
 from harness.distributed import SHARDINGS
+from harness.lora import ADAPTERS
 from harness.errors import ConfigError  # defined there for harness.tracking; raised and re-exported here
 from harness.rollout import BACKENDS
 from harness.tasks import TASKS
@@ -158,4 +159,30 @@ def validate(cfg) -> None:
         _check("step_rewards" not in estimator.needs,
                f"kl.placement=reward is not defined for advantage={cfg.advantage.name} (step rewards)")
     _check_staleness(cfg)
+    _lora(cfg)
     _dry_run(cfg)
+
+
+def _lora(cfg) -> None:
+    """The ``lora`` option's ranges and the combinations it cannot serve (reasons in the messages)."""
+    node = cfg.get("lora")
+    if node is None or node.name == "none":
+        return
+    _choice("lora", node.name, ADAPTERS.names())
+    _check(int(node.r) >= 1, f"lora.r={node.r}: expected >= 1 (the adapters' rank)")
+    _check(float(node.alpha) > 0, f"lora.alpha={node.alpha}: expected > 0 (the update is scaled by alpha / r)")
+    _check(0 <= float(node.dropout) < 1, f"lora.dropout={node.dropout}: expected in [0, 1)")
+    targets = list(node.target_modules or [])
+    _check(bool(targets) and all(isinstance(t, str) and t for t in targets),
+           f"lora.target_modules={targets}: expected a non-empty list of module names (q_proj, ..., down_proj)")
+    _check(cfg.train.sharding == "none", f"train.sharding={cfg.train.sharding} with lora={node.name}: not implemented; "
+           "the sharded checkpoint and optimizer-state path (harness.distributed.full_state) indexes every parameter "
+           "of the policy, and the optimizer holds only the adapters. The adapters are small: use data-parallel "
+           "torchrun (train.sharding=none), which reduces only their gradients")
+    _check(not cfg.kl.ref_refresh_steps, f"kl.ref_refresh_steps={cfg.kl.ref_refresh_steps} with lora={node.name}: "
+           "the reference is the base model (the adapters off); refreshing it would mean merging the adapters into "
+           "the frozen base. Use kl.ref_refresh_steps=0")
+    if "values" in TOKEN_ESTIMATORS.spec(cfg.advantage.name).needs:
+        _check(cfg.critic.init == "policy", f"critic.init={cfg.critic.init} with lora={node.name}: the critic's "
+               "body trains only its adapters, so a re-initialised (random) frozen body would stay random; "
+               "use critic.init=policy")

@@ -231,6 +231,26 @@ def test_two_ranks_equal_one_with_length_penalty_gdpo_and_adaptive_entropy(tiny_
     assert a["train/entropy_bonus_applied"][2] == 1.0
 
 
+def test_two_ranks_equal_one_with_lora(tiny_dir, tmp_path):
+    """lora=peft: data-parallel sums only the adapters' gradients (the frozen weights have none);
+    2 ranks = 1 process in the metrics, the KL against the adapters-off reference and every adapter
+    tensor of the final checkpoint, which holds the adapters only."""
+    extra = ["lora=peft", "lora.r=4", "beta=0.1", "checkpoint.every=0", F64]
+    one, two = pair(tiny_dir, tmp_path, "lora", extra=extra)
+    a, b = record(one), record(two)
+    assert b["tags"]["world_size"] == "2" and a["tags"]["world_size"] == "1"
+    assert a["status"] == b["status"] == "FINISHED"
+    assert_close(a, b, KEYS)
+    kl_a = {m.step: m.value for m in a["extra"]["train/kl"]}
+    kl_b = {m.step: m.value for m in b["extra"]["train/kl"]}
+    assert kl_a[1] == 0.0 and kl_a[2] > 0 and kl_b == pytest.approx(kl_a, **EXACT)
+    wa, wb = weights(one), weights(two)
+    assert set(wa["policy"]) == set(wb["policy"]) and all(".lora_" in k for k in wa["policy"])
+    assert_weights_close(wa, wb, 2)
+    moved = max(float(v.abs().max()) for k, v in wa["policy"].items() if ".lora_B." in k)
+    assert moved > 1e-4, "the adapters did not move: the comparison would be vacuous"
+
+
 def _rank_pid(mark: str, rank: int) -> int | None:
     """The pid of the torchrun worker with ``RANK=rank`` among the processes started with ``mark``."""
     for proc in Path("/proc").iterdir():

@@ -228,6 +228,13 @@ KNOBS = {
     "advantage/ppo.lam": math_(0.5, "advantages"),
     "advantage/ppo.whiten": math_("false", "advantages"),
     "advantage/ppo.unbiased": math_("false", "advantages"),
+    # ---------------------------------------------------------------- LoRA (lora=peft): step 1 equals full
+    # fine-tuning's (B = 0), so each row is seen in step 2's loss, after one update of the adapters
+    "lora": math_("peft", "loss"),
+    "lora/peft.r": math_(2, "loss"),
+    "lora/peft.alpha": math_(64.0, "loss"),
+    "lora/peft.dropout": math_(0.5, "loss"),
+    "lora/peft.target_modules": math_("[q_proj]", "loss"),
     # ---------------------------------------------------------------- the critic (advantage=ppo)
     "critic.vf_coef": math_(2.0, "metric:train/value_loss", "advantage=ppo"),
     "critic.lr": math_(1e-2, "advantages", "advantage=ppo"),

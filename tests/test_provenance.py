@@ -134,6 +134,40 @@ def test_rerun_with_an_override_and_a_changed_environment_warns(run_dir, dense_r
     assert "rerun.differs.model.weights_sha256" in new.data.tags
 
 
+def test_rerun_of_a_lora_run_repeats_it_and_records_the_adapter(run_dir, dense_rewards):
+    """A lora=peft run's record holds the adapter config and the base weights' digest; its rerun
+    (config from the record) repeats the metric history with no provenance difference."""
+    from mlflow.tracking import MlflowClient
+
+    from harness.rerun import rerun
+
+    _, run, _ = run_job("lora=peft", "lora.r=2", "lora.target_modules=[q_proj,v_proj]", "beta=0.05", "train.lr=1e-2")
+    full = run_job("beta=0.05")[1]
+    params = run.data.params
+    assert params["lora.name"] == "peft" and params["lora.r"] == "2"
+    assert '"target_modules": ["q_proj", "v_proj"]' in params["provenance.model.adapter"]
+    assert params["provenance.model.weights_sha256"] == full.data.params["provenance.model.weights_sha256"]
+    rerun(run.info.run_id)
+    client = MlflowClient()
+    new = [r for r in client.search_runs([run.info.experiment_id]) if r.data.tags.get("rerun_of") == run.info.run_id][0]
+    assert not [k for k in new.data.tags if k.startswith("rerun.differs.")]
+    assert new.data.params["provenance.model.adapter"] == params["provenance.model.adapter"]
+    a, b = _histories(client, run.info.run_id), _histories(client, new.info.run_id)
+    assert a == b and a["perf/trainable_param_frac"][0][1] < 0.1
+
+
+def test_rerun_of_a_record_from_before_lora_existed_is_full_fine_tuning():
+    from omegaconf import OmegaConf
+
+    from harness.rerun import rebuild_config
+    from tests.conftest import compose
+
+    resolved = OmegaConf.to_container(compose(*QUICK), resolve=True)
+    resolved.pop("lora")
+    assert rebuild_config(resolved, []).lora.name == "none"
+    assert rebuild_config(resolved, ["lora=peft"]).lora.r == 8
+
+
 def test_rerun_errors_name_the_input(run_dir):
     from harness.rerun import main
 

@@ -16,6 +16,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 from tests.conftest import job_threads
 
@@ -36,6 +37,10 @@ DETERMINISTIC = ["train/reward_mean", "train/loss", "train/grad_norm", "train/kl
 STALE = ("rollout.staleness=2", "offpolicy=decoupled", "offpolicy.cap=null")
 
 
+# lora: the checkpoint holds the adapters and their optimizer state only (harness.lora)
+LORA = ("lora=peft", "lora.r=4", "checkpoint.keep_final=full")
+
+
 def _cmd(tmp, name, dtype="float32", extra=()):
     return [sys.executable, "-m", "harness.run", *ARGS, *extra, f"model.dtype={dtype}", f"checkpoint.dir={tmp}/{name}/ckpt",
             f"tracking.uri=sqlite:///{tmp}/{name}/mlflow.db", f"hydra.run.dir={tmp}/{name}/out"]
@@ -53,7 +58,9 @@ def _histories(tmp, name):
 
 
 @pytest.mark.parametrize("dtype, extra", [("float64", ()), pytest.param("float32", (), marks=pytest.mark.exactness),
-                                          ("float64", STALE)], ids=["float64", "float32", "float64-stale"])
+                                          ("float64", STALE),
+                                          ("float64", LORA)],
+                         ids=["float64", "float32", "float64-stale", "float64-lora"])
 def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path, dtype, extra):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     for name in ("a", "b"):
@@ -82,12 +89,17 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path, dtype, extra):
     assert [s for s, _ in hist_b["train/reward_mean"]] == [1, 2, 3, 4]  # none twice, none missing
     assert [s for s, _ in hist_b["eval/accuracy"]] == [0, 2, 4]
     assert run_a.data.params["model.dtype"] == dtype
-    if extra:  # the stale run was stale: steps 2, 3, 4 sampled with weights 1, 2, 2 updates old
+    if extra == STALE:  # the stale run was stale: steps 2, 3, 4 sampled with weights 1, 2, 2 updates old
         from mlflow.tracking import MlflowClient
         client = MlflowClient(f"sqlite:///{tmp_path}/b/mlflow.db")
         lags = [m.value for m in sorted(client.get_metric_history(run_b.info.run_id, "rollout/staleness_mean"),
                                         key=lambda m: m.step)]
         assert lags == [0.0, 1.0, 2.0, 2.0], lags
+    if extra == LORA:  # the LoRA run's checkpoints hold the adapters only
+        assert run_a.data.params["lora.name"] == "peft"
+        last = torch.load(sorted((tmp_path / "b" / "ckpt").glob("step_*.pt"))[-1], weights_only=False)
+        assert last["policy"] and all(".lora_" in k for k in last["policy"])
+        assert len(last["optimizer"]["state"]) == len(last["policy"])  # AdamW moments of the adapters only
     assert min(v for _, v in hist_a["train/grad_norm"]) > 1e-3, "the weights did not move: the comparison is vacuous"
     if dtype == "float32":
         assert hist_a == hist_b

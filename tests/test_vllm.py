@@ -208,11 +208,42 @@ def test_weight_sync_reaches_the_engine(tokenizer):
         backend.close()
 
 
-def test_two_step_training_run_with_vllm(run_dir):
+def test_lora_weight_sync_sends_the_merged_weights(tokenizer):
+    """lora=peft: the engine starts from the base weights (B = 0) and each sync sends W + (alpha / r) B A
+    under the base names (harness.lora.base_state_dict): after changing the adapters, vLLM's greedy
+    tokens and log-probs are the adapted policy's (which the hf backend samples from, sharing it)."""
+    from harness.lora import LoraConfig, PeftLora
+
+    model = PeftLora(LoraConfig(r=4)).apply(_tiny(tokenizer, seed=1, eos=False))
+    backend = build_backend("vllm", model, tokenizer, progress=False, kv_cache_gib=1, max_model_len=512)
+    hf = build_backend("hf", model, tokenizer, progress=False)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=16)
+    try:
+        before = backend.generate(PROMPTS, 1, greedy)
+        assert torch.equal(before.completion_ids, hf.generate(PROMPTS, 1, greedy).completion_ids)
+        with torch.no_grad():  # a large adapter update
+            torch.manual_seed(5)
+            for n, p in model.named_parameters():
+                if ".lora_B." in n:
+                    p.copy_(torch.randn_like(p) * 0.5)
+        fresh_hf = hf.generate(PROMPTS, 1, greedy)
+        assert not torch.equal(fresh_hf.completion_ids, before.completion_ids)
+        backend.sync_weights(model)
+        after = backend.generate(PROMPTS, 1, greedy)
+        assert torch.equal(after.completion_ids, fresh_hf.completion_ids)
+        batch = backend.generate(PROMPTS, 2, SamplingParams(temperature=0.7, max_new_tokens=16, seed=11))
+        m = batch.completion_mask.bool()
+        assert float((batch.sampler_logprobs - _trainer_logprobs(model, batch, 0.7))[m].abs().max()) < 2e-4
+    finally:
+        backend.close()
+
+
+@pytest.mark.parametrize("lora", ["none", "peft"])
+def test_two_step_training_run_with_vllm(run_dir, lora):
     """The trainer end to end with rollout=vllm (tiny model with a head size vLLM supports), eval
-    through the same backend, mismatch metrics logged."""
+    through the same backend, mismatch metrics logged; with LoRA too (merged weights synced)."""
     acc, run, history = run_job(
-        "rollout=vllm", "rollout.kv_cache_gib=1", "rollout.max_model_len=512",
+        "rollout=vllm", f"lora={lora}", "rollout.kv_cache_gib=1", "rollout.max_model_len=512",
         "model.tiny_config.hidden_size=128", "model.tiny_config.num_attention_heads=2",
         "model.tiny_config.num_key_value_heads=1", "model.tiny_config.intermediate_size=256",
     )

