@@ -21,6 +21,7 @@ from harness.algo import (ENTROPY_CONTROLLERS, GROUP_FILTERS, LENGTH_PENALTIES, 
 from harness.critic import CriticConfig  # the critic component's own node (critic.*)
 from harness.rollout import BACKENDS, RolloutConfig
 from harness.tasks import TASKS
+from harness.tools import TOOLS
 
 # ---------------------------------------------------------------------------- model
 
@@ -132,6 +133,7 @@ class Config:
     task: Any = MISSING  # a TASKS params node: task=gsm8k, math, arith
     model: ModelConfig = field(default_factory=ModelConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    tools: Any = MISSING  # a TOOLS params node: tools=none (single-turn) | calculator | search (episode rollouts)
     advantage: Any = MISSING
     seed: int = 0
     group_size: int = 8  # G: completions per prompt
@@ -162,7 +164,7 @@ class Config:
 # config group -> the registry whose params dataclasses are its options
 GROUPS = {"task": TASKS, "advantage": TOKEN_ESTIMATORS, "policy_loss": POLICY_LOSSES, "loss_agg": LOSS_AGGREGATIONS,
           "group_filter": GROUP_FILTERS, "rollout": BACKENDS, "rollout_correction": ROLLOUT_CORRECTIONS,
-          "length_penalty": LENGTH_PENALTIES, "entropy_control": ENTROPY_CONTROLLERS}
+          "length_penalty": LENGTH_PENALTIES, "entropy_control": ENTROPY_CONTROLLERS, "tools": TOOLS}
 
 
 def group_schemas() -> dict:
