@@ -12,7 +12,10 @@ episode goes on, which exercises every branch.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,7 +25,6 @@ from harness.rollout.base import Sample, end_of_turn
 from harness.rollout.episode import EpisodeRollout, episode_metrics
 from harness.tools import TOOLS, Observation, ToolConfig, ToolRunner, build_tool
 from harness.tools.calculator import CalculatorConfig
-from harness.tools.search import SearchConfig
 from tests.conftest import compose, tiny_llama
 
 PROMPTS = ["<|im_start|>user\nWhat is 12*7?<|im_end|>\n<|im_start|>assistant\n",
@@ -77,17 +79,35 @@ def collection(tmp_path):
     return path
 
 
+_SEARCH_CHECKS = """
+import json, sys
+from harness.tools import build_tool
+from harness.tools.search import SearchConfig
+search = build_tool(SearchConfig(path=sys.argv[1], top_k=2, passage_chars=20))
+out = {q: [search.observe(q).text, search.observe(q).error] for q in
+       ["capital of France", "", "the of and", "zebra", "France " * 100]}
+try:
+    build_tool(SearchConfig(path=sys.argv[1] + ".missing"))
+except ValueError as e:
+    out["missing"] = str(e)
+print(json.dumps(out))
+"""
+
+
 def test_search_returns_bounded_top_k_and_survives_hostile_queries(collection):
-    search = build_tool(SearchConfig(path=str(collection), top_k=2, passage_chars=20))
-    o = search.observe("capital of France")
-    # BM25: the first document holds both "capital" and "France", the last only "France"
-    assert o == Observation("[1] Paris is the capital\n[2] France borders Spain", False)
-    assert search.observe("") == Observation("no results", False)
-    assert search.observe("the of and") == Observation("no results", False)  # stop words only
-    assert search.observe("zebra") == Observation("no results", False)
-    assert search.observe("France " * 100).error  # longer than max_input_chars
-    with pytest.raises(ValueError, match="tools.path"):
-        build_tool(SearchConfig(path=str(collection.parent / "missing.jsonl")))
+    """Run in a subprocess: bm25s loads numba, which would break a later vLLM engine start in this
+    process (harness/tools/search.py says why)."""
+    proc = subprocess.run([sys.executable, "-c", _SEARCH_CHECKS, str(collection)], capture_output=True, text=True,
+                          timeout=120, cwd=Path(__file__).resolve().parents[1])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    # BM25: the first document holds both "capital" and "France", the last only "France"; 20 characters each
+    assert out["capital of France"] == ["[1] Paris is the capital\n[2] France borders Spain", False]
+    assert out[""] == ["no results", False]
+    assert out["the of and"] == ["no results", False]  # stop words only
+    assert out["zebra"] == ["no results", False]
+    assert out["France " * 100] == ["error: input longer than 200 characters", True]
+    assert "tools.path=" in out["missing"]
 
 
 def test_tools_group_lists_the_registered_tools():

@@ -7,8 +7,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-import bm25s
-
 from harness.tools.base import TOOLS, ToolConfig, ToolError
 
 
@@ -42,11 +40,16 @@ class Search:
     """
 
     def __init__(self, params: SearchConfig):
+        # imported here, not at the top: bm25s loads numba/llvmlite, whose objects break vLLM's scan
+        # of sys.modules when an engine starts (AttributeError in vllm.triton_utils.dispatcher), so
+        # only a run with tools=search loads it, after its rollout engine is built
+        import bm25s
+
         if not params.path or not Path(params.path).is_file():
             raise ValueError(f"tools.path={params.path!r}: expected a JSON Lines file of documents")
         if params.top_k < 1 or params.passage_chars < 1:
             raise ValueError(f"tools.top_k={params.top_k}, tools.passage_chars={params.passage_chars}: both must be >= 1")
-        self.params = params
+        self.params, self._bm25s = params, bm25s
         self.docs = []
         for n, line in enumerate(Path(params.path).read_text(encoding="utf-8").splitlines(), 1):
             if not line.strip():
@@ -63,7 +66,7 @@ class Search:
 
     def __call__(self, query: str) -> str:
         p = self.params
-        tokens = bm25s.tokenize([query], stopwords="en", show_progress=False, return_ids=False)
+        tokens = self._bm25s.tokenize([query], stopwords="en", show_progress=False, return_ids=False)
         if not tokens[0]:
             return "no results"
         docs, scores = self.index.retrieve(tokens, k=min(p.top_k, len(self.docs)), show_progress=False)
