@@ -22,6 +22,7 @@ from mlflow.entities import Metric
 
 from harness import checkpoint as ckpt
 from harness.algo import Algorithm, AdvantageContext, build_algorithm, mismatch_stats
+from harness.algo.packing import estimate_on_model_tokens
 from harness import distributed, progress
 from harness.distributed import full_weights, world
 from harness.evaluation import BY_OUTCOME, completion_len_by_outcome, evaluate
@@ -259,7 +260,7 @@ class Trainer:
         with progress.phase("greedy rollout"):
             greedy = self._greedy_scores(problems) if self.algo.needs("greedy") else None
         ctx = self._advantage_context(batch, rew, rewards, scores, token_rewards, values, greedy)
-        adv = self.algo.estimator(ctx)
+        adv = estimate_on_model_tokens(self.algo.estimator, ctx)  # observations (tools) left out
         # each rank trains on its own rows of the global advantages
         first, n, width = self.world.row_offset(batch.num_sequences), batch.num_sequences, batch.completion_mask.shape[1]
         local_adv = adv.advantages[first : first + n, :width]

@@ -310,3 +310,35 @@ def test_gradient_on_observation_tokens_is_exactly_zero(tokenizer, monkeypatch):
             assert bool((logp.grad[i][lm] != 0).all())  # the model's tokens do get a gradient
             n_obs += int(o.sum())
     assert n_obs == int(b.observation_mask.sum())
+
+
+# ------------------------------------------------------------- the algorithm's view
+def test_estimators_see_the_model_tokens_packed_and_the_reward_sits_on_the_last_model_token():
+    from harness.algo.estimators import AdvantageContext
+    from harness.algo.packing import estimate_on_model_tokens
+    from harness.algo.token_estimators import TOKEN_ESTIMATORS
+    from harness.rewards import shape_rewards
+
+    # rows: model tokens 1, observation 0, right padding 0
+    mask = torch.tensor([[1, 1, 0, 0, 1, 0], [1, 0, 0, 1, 1, 1], [1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0]])
+    kl = type("KL", (), {"placement": "loss"})()  # shape_rewards reads only the placement without a reference
+    scores, token_rewards = shape_rewards(torch.tensor([1.0, 0.0, 1.0, 0.0]), mask, None, None, kl)
+    assert token_rewards.tolist() == [[0, 0, 0, 0, 1, 0], [0] * 6, [0, 0, 1, 0, 0, 0], [0] * 6]  # last model token
+    spec = TOKEN_ESTIMATORS.spec("reinforce_pp")
+    params = spec.build({"gamma": 0.5})
+    est = lambda c: spec.fn(c, params)  # noqa: E731
+    ctx = AdvantageContext(scores=scores.view(2, 2).double(), token_rewards=token_rewards.double(), mask=mask)
+    out = estimate_on_model_tokens(est, ctx)
+    # by hand: returns-to-go over model tokens only, gamma 0.5: row 0 (3 model tokens, reward 1 on
+    # the last) -> 0.25, 0.5, 1; row 2 (3 tokens) the same; rows 1 and 3 (4 tokens) all 0. Whitened over the 14
+    # model tokens, in row order:
+    flat = torch.tensor([0.25, 0.5, 1.0, 0, 0, 0, 0, 0.25, 0.5, 1.0, 0, 0, 0, 0], dtype=torch.float64)
+    assert flat.numel() == int(mask.sum())
+    white = (flat - flat.mean()) / flat.std()
+    expect = torch.zeros(4, 6, dtype=torch.float64)
+    expect[mask.bool()] = white
+    assert torch.allclose(out.advantages, expect, atol=1e-6)  # reinforce_pp's eps in the std
+    assert bool((out.advantages[mask == 0] == 0).all())
+    # a right-padded mask is the plain call, untouched
+    plain = AdvantageContext(scores=ctx.scores, token_rewards=ctx.token_rewards, mask=(mask.cumprod(1)))
+    assert torch.equal(estimate_on_model_tokens(est, plain).advantages, est(plain).advantages)
