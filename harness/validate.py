@@ -18,6 +18,7 @@ from harness.distributed import SHARDINGS
 from harness.errors import ConfigError  # defined there for harness.tracking; raised and re-exported here
 from harness.rollout import BACKENDS
 from harness.tasks import TASKS
+from harness.tools import TOOLS
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +129,11 @@ def validate(cfg) -> None:
     _check(cfg.rollout.temperature > 0, f"rollout.temperature={cfg.rollout.temperature}: training needs sampling (> 0)")
     _check(cfg.rollout.top_p == 1.0, TOP_P_REFUSED.format(cfg.rollout.top_p))
     _check(cfg.rollout.max_new_tokens >= 1, f"rollout.max_new_tokens={cfg.rollout.max_new_tokens}: expected >= 1")
+    _choice("tools", cfg.tools.name, TOOLS.names())
+    if cfg.tools.name == "none":  # episodes only run with a tool
+        _unread(cfg.rollout, "rollout", schema, ["max_turns"], "tools=none rolls out one turn (tools=calculator or "
+                "tools=search run episodes of up to rollout.max_turns turns)")
+    _check(cfg.rollout.max_turns >= 1, f"rollout.max_turns={cfg.rollout.max_turns}: expected >= 1")
     for key in ("steps", "prompts_per_step", "micro_batch_size", "logprob_chunk", "max_bad_steps"):
         _check(cfg.train[key] >= 1, f"train.{key}={cfg.train[key]}: expected >= 1")
     _check(cfg.train.lr > 0, f"train.lr={cfg.train.lr}: expected > 0")

@@ -112,7 +112,7 @@ def test_search_returns_bounded_top_k_and_survives_hostile_queries(collection):
 
 def test_tools_group_lists_the_registered_tools():
     assert TOOLS.names() == ["calculator", "none", "search"]
-    assert build_tool(ToolConfig()) is None
+    assert build_tool(compose("task=arith").tools) is None
     cfg = compose("task=arith", "tools=calculator")
     assert cfg.tools.name == "calculator" and cfg.tools.call_close == "</calc>" and cfg.rollout.max_turns == 4
 

@@ -24,15 +24,20 @@ MAX_ERROR_CHARS = 120  # an error observation's message is cut to this many char
 
 
 @dataclass
-class ToolConfig:
-    """``tools=none``: no tool, single-turn rollouts (today's runs, unchanged).
+class NoToolConfig:
+    """``tools=none``: no tool, single-turn rollouts (today's runs, unchanged)."""
 
-    The fields every tool has: the call format (the model writes ``call_open`` + input +
+    name: str = "none"
+
+
+@dataclass
+class ToolConfig:
+    """The fields every tool has (a tool's params subclass it): the call format (the model writes ``call_open`` + input +
     ``call_close``; generation stops at ``call_close`` and the harness appends ``result_open`` +
     output + ``result_close``) and the bounds on one call.
     """
 
-    name: str = "none"
+    name: str = ""  # each registered tool's own name
     call_open: str = "<calc>"
     call_close: str = "</calc>"  # the stop string of a turn
     result_open: str = "<result>"
@@ -42,11 +47,11 @@ class ToolConfig:
     timeout_s: float = 2.0  # a call running longer yields an error observation (its thread is abandoned)
 
 
-@TOOLS.register("none", params=ToolConfig)
+@TOOLS.register("none", params=NoToolConfig)
 class NoTool:
     """Placeholder of ``tools=none``: never built into a rollout (:func:`harness.tools.build_tool` returns None)."""
 
-    def __init__(self, params: ToolConfig):
+    def __init__(self, params: NoToolConfig):
         self.params = params
 
 
