@@ -342,3 +342,59 @@ def test_estimators_see_the_model_tokens_packed_and_the_reward_sits_on_the_last_
     # a right-padded mask is the plain call, untouched
     plain = AdvantageContext(scores=ctx.scores, token_rewards=ctx.token_rewards, mask=(mask.cumprod(1)))
     assert torch.equal(estimate_on_model_tokens(est, plain).advantages, est(plain).advantages)
+
+
+_SEARCH_PARAMS = """
+import json, sys, torch
+from harness.models import EMBEDDED_NAME, load_tokenizer
+from harness.rollout import SamplingParams
+from harness.rollout.episode import EpisodeRollout
+from harness.tools import build_tool
+from harness.tools.search import SearchConfig
+from tests.test_tools import ScriptedBackend, _ids
+tok = load_tokenizer(EMBEDDED_NAME)
+path, other = sys.argv[1], sys.argv[2]
+turn = _ids(tok, "<search>capital France</search>")
+def episode(**kw):
+    ep = EpisodeRollout(ScriptedBackend(tok, [turn, _ids(tok, "[[x]]") + [tok.eos_token_id]] * 2), tok,
+                        build_tool(SearchConfig(**{"path": path, **kw})), max_turns=2)
+    return ep.generate(["<|im_start|>user\\nq<|im_end|>\\n<|im_start|>assistant\\n"], 1,
+                       SamplingParams(temperature=0.0, max_new_tokens=120)).texts[0]
+base = episode()
+changed = {"call_open": dict(call_open="France"), "call_close": dict(call_close="[[x]]"),
+           "result_open": dict(result_open="<r>"), "result_close": dict(result_close="</r>"),
+           "max_input_chars": dict(max_input_chars=3), "max_output_chars": dict(max_output_chars=5),
+           "path": dict(path=other), "text_key": dict(path=other, text_key="body"),
+           "top_k": dict(top_k=1), "passage_chars": dict(passage_chars=5)}
+out = {"base": base, **{k: episode(**kw) for k, kw in changed.items()}}
+import time
+from harness.tools import search
+call = search.Search.__call__
+search.Search.__call__ = lambda self, q: (time.sleep(0.5), call(self, q))[1]  # a slow collection
+out["slow"], out["timeout_s"] = episode(), episode(timeout_s=0.1)
+print(json.dumps(out))
+"""
+
+
+def check_search_params(tmp_path):
+    """Each ``tools=search`` key changes the episode's text (a scripted turn searching "capital
+    France"); run in a subprocess (bm25s loads numba, see harness/tools/search.py)."""
+    path, other = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    path.write_text("\n".join(json.dumps({"text": t}) for t in [
+        "Paris is the capital of France.", "France borders Spain.", "The Nile is long."]) + "\n")
+    other.write_text("\n".join(json.dumps({"text": t, "body": b}) for t, b in [
+        ("France has a capital city.", "Capital letters."), ("Rome.", "France and its capital.")]) + "\n")
+    proc = subprocess.run([sys.executable, "-c", _SEARCH_PARAMS, str(path), str(other)], capture_output=True,
+                          text=True, timeout=300, cwd=Path(__file__).resolve().parents[1])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    base = out.pop("base")
+    assert out.pop("slow") == base  # 0.5 s within the default 2 s
+    assert base.startswith("<search>capital France</search><result>[1] Paris is the capital of France.\n[2] France"), base
+    for k, text in out.items():
+        assert text != base, f"tools.{k} changed nothing"
+    assert out["timeout_s"].count("error: timed out") == 1 and out["text_key"] != out["path"]
+
+
+def test_search_params_each_change_the_episode(tmp_path):
+    check_search_params(tmp_path)
