@@ -37,7 +37,8 @@ from harness.validate import ConfigError, validate
 from tests.conftest import compose
 from tests.knob_probe import BASE, adamw_noise_ok, diff, metric, probe, same
 
-ANY_E = ("tools.call_open=", "tools.call_close=e")  # the tiny model "calls" on any token with an "e" (test_tools.py)
+# the tiny model "calls" on any token with an "e" (test_tools.py); 40 tokens hold a whole observation
+ANY_E = ("tools.call_open=", "tools.call_close=e", "rollout.max_new_tokens=40")
 MU2 = ("mu=2", "train.lr=0.05")  # a second pass moves the ratio away from 1
 KL = ("beta=0.5",)
 
@@ -194,8 +195,8 @@ KNOBS = {
     "rollout/vllm.max_turns": check("check_vllm_max_turns"),
     # ---------------------------------------------------------------- tools (episode rollouts)
     "tools": check("check_tools_group"),
-    "tools/calculator.call_open": math_("X", "rollout", "tools.call_close=e"),
-    "tools/calculator.call_close": math_("a", "rollout", "tools.call_open="),
+    "tools/calculator.call_open": math_("X", "rollout", "tools.call_close=e", "rollout.max_new_tokens=40"),
+    "tools/calculator.call_close": math_("a", "rollout", "tools.call_open=", "rollout.max_new_tokens=40"),
     "tools/calculator.result_open": math_("<r>", "rollout", *ANY_E),
     "tools/calculator.result_close": math_("</r>", "rollout", *ANY_E),
     "tools/calculator.max_input_chars": math_(0, "rollout", *ANY_E),
