@@ -155,6 +155,9 @@ def validate(cfg) -> None:
         _unread(cfg.critic, "critic", CriticConfig, [f.name for f in dataclasses.fields(CriticConfig)],
                 f"advantage={cfg.advantage.name} uses no critic (only estimators that need values, "
                 "e.g. advantage=ppo, build one)")
+    _check(cfg.tools.name == "none" or "step_rewards" not in estimator.needs,
+           f"advantage={cfg.advantage.name} with tools={cfg.tools.name}: step rewards index the whole sequence, "
+           "observations included, which the estimator does not see; use an outcome estimator or tools=none")
     if cfg.kl.placement == "reward" and cfg.beta > 0:
         _check("step_rewards" not in estimator.needs,
                f"kl.placement=reward is not defined for advantage={cfg.advantage.name} (step rewards)")
