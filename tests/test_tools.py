@@ -398,3 +398,43 @@ def check_search_params(tmp_path):
 
 def test_search_params_each_change_the_episode(tmp_path):
     check_search_params(tmp_path)
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_with_a_tool_matches_uninterrupted_run(tmp_path):
+    """tests/test_resume.py's check (float64, 1e-10) with episode rollouts on: a run killed after a
+    checkpoint and rerun ends with the uninterrupted run's history, tool metrics included."""
+    import os
+    import signal
+
+    from tests import test_resume
+
+    extra = ["tools=calculator", *ANY_E, "rollout.max_new_tokens=16"]
+    keys = [*test_resume.DETERMINISTIC, "rollout/tool_calls_mean", "rollout/observation_tokens_mean"]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    subprocess.run(test_resume._cmd(tmp_path, "a", "float64") + extra, cwd=tmp_path, env=env, check=True,
+                   capture_output=True, timeout=600)
+    proc = subprocess.Popen(test_resume._cmd(tmp_path, "b", "float64") + extra, cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for line in proc.stdout:
+        if "step_000002.pt" in line:
+            os.kill(proc.pid, signal.SIGKILL)
+            break
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, "the run ended before step 2"
+    resumed = subprocess.run(test_resume._cmd(tmp_path, "b", "float64") + extra, cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    from mlflow.tracking import MlflowClient
+
+    hist = {}
+    for name in ("a", "b"):
+        client = MlflowClient(f"sqlite:///{tmp_path}/{name}/mlflow.db")
+        run = client.search_runs([client.get_experiment_by_name("grpo-harness").experiment_id])[0]
+        hist[name] = {k: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, k)) for k in keys}
+    assert min(v for _, v in hist["a"]["rollout/tool_calls_mean"]) > 0
+    for k in keys:
+        assert [s for s, _ in hist["b"][k]] == [s for s, _ in hist["a"][k]], k
+        assert [v for _, v in hist["b"][k]] == pytest.approx([v for _, v in hist["a"][k]], rel=1e-10, abs=1e-12), k
