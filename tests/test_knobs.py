@@ -197,8 +197,8 @@ KNOBS = {
     "tools": check("check_tools_group"),
     "tools/calculator.call_open": math_("X", "rollout", "tools.call_close=e", "rollout.max_new_tokens=40"),
     "tools/calculator.call_close": math_("a", "rollout", "tools.call_open=", "rollout.max_new_tokens=40"),
-    "tools/calculator.result_open": math_("<r>", "rollout", *ANY_E),
-    "tools/calculator.result_close": math_("</r>", "rollout", *ANY_E),
+    "tools/calculator.result_open": math_("'<r>'", "rollout", *ANY_E),  # quoted: < is Hydra grammar
+    "tools/calculator.result_close": math_("R", "rollout", *ANY_E),
     "tools/calculator.max_input_chars": math_(0, "rollout", *ANY_E),
     "tools/calculator.max_output_chars": check("check_tool_bounds"),
     "tools/calculator.timeout_s": check("check_tool_bounds"),
@@ -727,8 +727,8 @@ def check_tools_group(key, tmp_path, monkeypatch):
     base = _baseline((), "hash")
     tools = probe("tools=calculator", *ANY_E)
     assert not same(base["rollout"], tools["rollout"])
-    assert metric(base, "rollout/tool_calls_mean") == [None, None]
-    calls = metric(tools, "rollout/tool_calls_mean")
+    assert metric(base, "rollout/tool_calls_mean") == [None] * 3  # eval at step 0, then 2 steps
+    calls = metric(tools, "rollout/tool_calls_mean")[1:]
     assert all(c is not None and c > 0 for c in calls), calls
     assert all(r.batch.observation_mask is not None and r.batch.observation_mask.sum() > 0 for r in tools["records"])
 
