@@ -750,7 +750,7 @@ def check_search_tool(key, tmp_path, monkeypatch):
 
 def check_vllm_max_turns(key, tmp_path, monkeypatch):
     """rollout.max_turns bounds a vLLM episode's turns as the hf backend's."""
-    cfg, task, tok, backend = _vllm_backend("tools=calculator", *ANY_E)
+    cfg, task, tok, backend = _vllm_backend("tools=calculator", *ANY_E, "rollout.max_model_len=512")  # 2-shot prompts: ~260 tokens
     from harness.rollout import SamplingParams
 
     prompts = [task.prompt(task.train_problem(i, 0), tok) for i in range(2)]
