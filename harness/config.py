@@ -22,6 +22,7 @@ from harness.critic import CriticConfig  # the critic component's own node (crit
 from harness.lora import ADAPTERS
 from harness.rollout import BACKENDS, RolloutConfig
 from harness.tasks import TASKS
+from harness.tools import TOOLS
 
 # ---------------------------------------------------------------------------- model
 
@@ -134,6 +135,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     lora: Any = MISSING  # an ADAPTERS params node: lora=none (full fine-tuning) | peft (LoRA adapters)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    tools: Any = MISSING  # a TOOLS params node: tools=none (single-turn) | calculator | search (episode rollouts)
     advantage: Any = MISSING
     seed: int = 0
     group_size: int = 8  # G: completions per prompt
@@ -168,9 +170,7 @@ class Config:
 GROUPS = {"task": TASKS, "advantage": TOKEN_ESTIMATORS, "policy_loss": POLICY_LOSSES, "loss_agg": LOSS_AGGREGATIONS,
           "group_filter": GROUP_FILTERS, "rollout": BACKENDS, "rollout_correction": ROLLOUT_CORRECTIONS,
           "length_penalty": LENGTH_PENALTIES, "entropy_control": ENTROPY_CONTROLLERS,
-          "offpolicy": OFFPOLICY_OBJECTIVES,
-
-          "lora": ADAPTERS}
+          "offpolicy": OFFPOLICY_OBJECTIVES, "lora": ADAPTERS, "tools": TOOLS}
 
 
 def group_schemas() -> dict:

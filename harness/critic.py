@@ -126,7 +126,7 @@ class Critic:
             mb = mb.to(dev)  # the batch stays on CPU; each micro-batch visits the critic's device
             mask = mb.loss_mask.float()
             with autocast(self.precision, dev.type):
-                v = self.model(mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.loss_mask)
+                v = self.model(mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.present_mask)
             per_token, stats = value_loss(v, mb.old_values, mb.returns, mask, clip_range=c.value_clip)
             loss = c.vf_coef * aggregate_loss(per_token, mask, "token-mean", num_tokens=norm["num_tokens"])
             loss.backward()

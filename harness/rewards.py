@@ -72,13 +72,13 @@ def shape_rewards(rewards: torch.Tensor, mask: torch.Tensor, old_logprobs, ref_l
         beta: the step's KL coefficient (the KL controller's; ``kl.beta`` when None).
     Returns:
         ``(scores [B], token_rewards [B, T])``: the outcome reward sits on each row's last valid
-        token (0 for an empty row). With ``kl.placement=reward`` and a reference, the per-token
+        token, the last 1 of ``mask`` (a tool episode's mask has holes; 0 for an empty row). With ``kl.placement=reward`` and a reference, the per-token
         KL estimate ``k(old, ref)`` times ``beta`` is subtracted from every token's reward and its
         row sum from the score (InstructGPT-style KL in the reward; verl ``use_kl_in_reward``).
     """
     lengths = mask.sum(1).long()
     token_rewards = torch.zeros(mask.shape, dtype=torch.float32)
-    last = (lengths - 1).clamp(min=0)
+    last = (mask.shape[1] - 1 - mask.flip(1).long().argmax(1)) * (lengths > 0)  # right-padded: lengths - 1
     token_rewards[torch.arange(len(lengths)), last] = rewards * (lengths > 0).float()
     scores = rewards.clone().float()
     if ref_logprobs is not None and kl.placement == "reward":

@@ -36,6 +36,8 @@ from harness.distributed import train_device, world
 from harness.lora import build_adapters
 from harness.models import ModelLoadError, dtype_of, keep_float64, load_causal_lm, load_tokenizer
 from harness.rollout import build_backend
+from harness.rollout.episode import EpisodeRollout
+from harness.tools import build_tool
 from harness.tasks import build_task
 from harness.tasks.data import DataError
 from harness.tracking import (NullTracker, Tracker, TrackingError, _read_record, flatten, resolve_uri,
@@ -107,6 +109,10 @@ def build_components(cfg, algo: Algorithm | None = None):
     if (algo if algo is not None else build_algorithm(cfg)).needs("values"):
         critic = Critic.build(cfg, policy, lambda: build_policy(cfg, tokenizer))
     backend = build_backend(cfg.rollout.backend, policy, tokenizer, **cfg.rollout)  # the whole rollout node
+    tool = build_tool(cfg.tools)
+    if tool is not None:  # tools=<name>: episodes of up to rollout.max_turns turns, the task's shots show a call
+        backend = EpisodeRollout(backend, tokenizer, tool, cfg.rollout.max_turns)
+        task.use_tool(tool)
     return task, tokenizer, policy, critic, backend
 
 

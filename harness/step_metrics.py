@@ -20,6 +20,7 @@ from harness.distributed import World
 from harness.evaluation import completion_len_by_outcome
 from harness.rewards import RewardOutput
 from harness.rollout import RolloutBatch
+from harness.rollout.episode import episode_metrics
 
 STEP_TIMES = ("time/logprob_s", "time/old_logprob_s", "time/ref_logprob_s", "time/value_s", "time/update_s",
               "time/step_s", "time/weight_sync_s")
@@ -87,7 +88,20 @@ class StepOutputs:
             times={k: w.max(v) for k, v in times.items()},  # the slowest rank sets the step's pace
             mismatch=_reduce_mismatch(w, self.mismatch) if self.mismatch is not None else None,
             world_size=w.world_size,
+            episode=self._episode(w),
         )
+
+    def _episode(self, w: World) -> Optional[dict]:
+        """The episode counts of every row (``[N]`` each), or None for single-turn rollouts. A rank
+        with no rows (all its groups filtered) contributes none."""
+        b = self.batch
+        if w.sum(int(b.episode is not None)) == 0:  # a collective: a rank with no rows has no counts
+            return None
+        local = dict(b.episode) if b.episode is not None else {
+            k: torch.zeros(0, dtype=torch.long) for k in ("turns", "tool_calls", "tool_errors")}
+        obs = b.observation_mask if b.observation_mask is not None else torch.zeros_like(b.completion_mask)
+        local["observation_tokens"] = obs.sum(1)
+        return {k: w.gather_rows(v) for k, v in local.items()}
 
 
 @dataclass
@@ -117,6 +131,7 @@ class StepTotals:
     times: dict
     mismatch: Optional[dict]
     world_size: int
+    episode: Optional[dict] = None  # [N] per-row episode counts (turns, tool calls, errors, observation tokens)
 
 
 def step_metrics(step: StepOutputs, w: World) -> dict:
@@ -160,6 +175,7 @@ def assemble(step: StepOutputs, t: StepTotals) -> dict:
         "verifier/timeouts": r.verifier.get("verifier/timeouts", 0.0),
         "verifier/errors": r.verifier.get("verifier/errors", 0.0),
         **(mismatch_metrics(t.mismatch) if t.mismatch is not None else {}),
+        **(episode_metrics(t.episode, r.correct) if t.episode is not None else {}),
     }
     metrics.update(t.times)  # every rank's own seconds above, replaced (in place) by the slowest rank's
     metrics.update(throughput(metrics, t.prompt_tokens + n_tokens, t.world_size))

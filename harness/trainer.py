@@ -21,6 +21,7 @@ from mlflow.entities import Metric
 
 from harness import checkpoint as ckpt
 from harness.algo import Algorithm, AdvantageContext, build_algorithm, mismatch_stats
+from harness.algo.packing import estimate_on_model_tokens
 from harness import distributed, progress
 from harness.distributed import full_weights, world
 from harness.evaluation import BY_OUTCOME, completion_len_by_outcome, evaluate
@@ -266,18 +267,19 @@ class Trainer:
             batch, rew, problems, info = self.collect()
         old, behaviour, ref, values, times = self._logprob_passes(batch)
         rewards = self._length_shaped(rew.rewards, batch.completion_mask, batch.prompt_mask)
-        scores, token_rewards = shape_rewards(rewards, batch.completion_mask, old, ref, self.algo.kl, beta=self.kl_coef)
+        scores, token_rewards = shape_rewards(rewards, batch.loss_mask, old, ref, self.algo.kl, beta=self.kl_coef)
         with progress.phase("greedy rollout"):
             greedy = self._greedy_scores(problems) if self.algo.needs("greedy") else None
         ctx = self._advantage_context(batch, rew, rewards, scores, token_rewards, values, greedy)
-        adv = self.algo.estimator(ctx)
+        adv = estimate_on_model_tokens(self.algo.estimator, ctx)  # observations (tools) left out
         # each rank trains on its own rows of the global advantages
         first, n, width = self.world.row_offset(batch.num_sequences), batch.num_sequences, batch.completion_mask.shape[1]
         local_adv = adv.advantages[first : first + n, :width]
         local_returns = adv.returns[first : first + n, :width] if adv.returns is not None else None
         loss_mask = self._loss_mask(batch)
         tb = TrainBatch(batch.prompt_ids, batch.prompt_mask, batch.completion_ids, loss_mask,
-                        local_adv, old, ref, values, local_returns, sampler_logprobs=batch.sampler_logprobs)
+                        local_adv, old, ref, values, local_returns, sampler_logprobs=batch.sampler_logprobs,
+                        attention_mask=None if batch.observation_mask is None else batch.completion_mask)
         lr = self.sched.get_last_lr()[0]  # the learning rate this step's update uses
         with progress.phase("update"), _timed(times, "time/update_s"):
             stats = self._update(tb)
@@ -300,9 +302,10 @@ class Trainer:
         return metrics
 
     def _loss_mask(self, batch: RolloutBatch) -> torch.Tensor:
-        """``[b, T]`` the tokens the loss uses: the completion tokens, without the truncated
-        completions' under ``overlong.mask_truncated``."""
-        loss_mask = batch.completion_mask.clone()
+        """``[b, T]`` the tokens the loss uses: the model's completion tokens (tool observations
+        excluded, :attr:`RolloutBatch.loss_mask`), without the truncated completions' under
+        ``overlong.mask_truncated``."""
+        loss_mask = batch.loss_mask.clone()
         if self.cfg.overlong.mask_truncated:
             loss_mask[batch.truncated] = 0
         return loss_mask
@@ -343,7 +346,7 @@ class Trainer:
         """The estimator's input over the global batch (all ranks' rows, rank order): the scores
         ``[P, G]``, token rewards and mask ``[N, T]``, and what the estimator declares it needs
         (critic values, step rewards, the greedy scores, the reward's components)."""
-        algo, w, G, cmask = self.algo, self.world, self.cfg.group_size, batch.completion_mask
+        algo, w, G, cmask = self.algo, self.world, self.cfg.group_size, batch.loss_mask
         steps = None
         if algo.needs("step_rewards"):
             steps = process_step_rewards(self.task, self.tok, batch.texts, batch.completion_ids, cmask, rewards)

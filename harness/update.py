@@ -42,6 +42,14 @@ class TrainBatch:
     old_values: torch.Tensor | None = None
     returns: torch.Tensor | None = None
     sampler_logprobs: torch.Tensor | None = None  # the sampler's log-probs (rollout_correction)
+    # the tokens present (attended to) when they differ from loss_mask's: tool observations sit
+    # between model tokens, attended but not trained on; None: loss_mask is also the attention mask
+    attention_mask: torch.Tensor | None = None
+
+    @property
+    def present_mask(self) -> torch.Tensor:
+        """``[B, Tc]`` the completion tokens the forward attends to."""
+        return self.loss_mask if self.attention_mask is None else self.attention_mask
 
     def to(self, device) -> "TrainBatch":
         """The same batch on ``device`` (a no-op where it already is)."""
@@ -55,7 +63,7 @@ class TrainBatch:
         """Drop padding columns no row of this (micro-)batch needs: leading all-pad prompt columns
         and trailing completion columns after the longest completion. Exact: left pads are masked
         and right pads come after every real token of a causal model."""
-        p0, tc = _trim_bounds(self.prompt_mask, self.loss_mask)
+        p0, tc = _trim_bounds(self.prompt_mask, self.present_mask)
         out = {}
         for k, v in self.__dict__.items():
             if v is None:
@@ -107,7 +115,7 @@ def _groups(prompt_ids, prompt_mask, share_prefix: bool):
 def micro_batches(batch: TrainBatch, size: int, share_prefix: bool = False):
     """``(row indices, micro-batch)`` pairs: length-sorted, padding-trimmed micro-batches of ``size``
     rows (rows of one prompt kept together when ``share_prefix``)."""
-    order = length_order(batch.prompt_mask, batch.loss_mask, _groups(batch.prompt_ids, batch.prompt_mask, share_prefix))
+    order = length_order(batch.prompt_mask, batch.present_mask, _groups(batch.prompt_ids, batch.prompt_mask, share_prefix))
     for start in range(0, len(order), size):
         idx = order[start : start + size]
         yield idx, batch.rows(idx).trimmed()
@@ -249,7 +257,7 @@ def policy_pass(policy, batch: TrainBatch, algo: Algorithm, micro_batch_size: in
         mask = mb.loss_mask.float()
         with autocast(fwd.precision, dev.type):  # bf16 matmuls; log-probs and everything after in fp32 (fp64)
             logp, entropy = forward(
-                mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.loss_mask,
+                mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.present_mask,
                 temperature=fwd.temperature, chunk=fwd.chunk, with_entropy=True, share_prefix=share, keep=fwd.keep,
             )
         old = mb.old_logprobs if mb.old_logprobs is not None else logp.detach()

@@ -20,6 +20,7 @@ from harness.lora import ADAPTERS
 from harness.errors import ConfigError  # defined there for harness.tracking; raised and re-exported here
 from harness.rollout import BACKENDS
 from harness.tasks import TASKS
+from harness.tools import TOOLS
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +135,11 @@ def validate(cfg) -> None:
     _check(isinstance(cfg.rollout.top_k, int) and cfg.rollout.top_k >= 0,
            f"rollout.top_k={cfg.rollout.top_k}: expected an integer >= 0 (0 = no top-k)")
     _check(cfg.rollout.max_new_tokens >= 1, f"rollout.max_new_tokens={cfg.rollout.max_new_tokens}: expected >= 1")
+    _choice("tools", cfg.tools.name, TOOLS.names())
+    if cfg.tools.name == "none":  # episodes only run with a tool
+        _unread(cfg.rollout, "rollout", schema, ["max_turns"], "tools=none rolls out one turn (tools=calculator or "
+                "tools=search run episodes of up to rollout.max_turns turns)")
+    _check(cfg.rollout.max_turns >= 1, f"rollout.max_turns={cfg.rollout.max_turns}: expected >= 1")
     for key in ("steps", "prompts_per_step", "micro_batch_size", "logprob_chunk", "max_bad_steps"):
         _check(cfg.train[key] >= 1, f"train.{key}={cfg.train[key]}: expected >= 1")
     _check(cfg.train.lr > 0, f"train.lr={cfg.train.lr}: expected > 0")
@@ -155,6 +161,9 @@ def validate(cfg) -> None:
         _unread(cfg.critic, "critic", CriticConfig, [f.name for f in dataclasses.fields(CriticConfig)],
                 f"advantage={cfg.advantage.name} uses no critic (only estimators that need values, "
                 "e.g. advantage=ppo, build one)")
+    _check(cfg.tools.name == "none" or "step_rewards" not in estimator.needs,
+           f"advantage={cfg.advantage.name} with tools={cfg.tools.name}: step rewards index the whole sequence, "
+           "observations included, which the estimator does not see; use an outcome estimator or tools=none")
     if cfg.kl.placement == "reward" and cfg.beta > 0:
         _check("step_rewards" not in estimator.needs,
                f"kl.placement=reward is not defined for advantage={cfg.advantage.name} (step rewards)")

@@ -386,3 +386,14 @@ def test_fsdp2_with_dapo_uneven_micro_batches_and_resume(tiny_dir, tmp_path):
     wa, wb = weights(one), weights(two)
     assert wb["step"] == 4
     assert_weights_close(wa, wb, 4)
+
+
+def test_two_ranks_equal_one_with_a_calculator_tool(tiny_dir, tmp_path):
+    """Episode rollouts (tools=calculator; the tiny model "calls" on any token with an "e", as in
+    tests/test_tools.py): each rank's episodes are seeded by their global rows, the observations
+    are masked out of the loss on both, and the step equals the one-process step."""
+    keys = [*KEYS, "rollout/tool_calls_mean", "rollout/observation_tokens_mean", "rollout/tool_errors"]
+    one, two = pair(tiny_dir, tmp_path, "tools", extra=["tools=calculator", "tools.call_open=", "tools.call_close=e",
+                                                         "rollout.max_new_tokens=24", "checkpoint.every=0", F64])
+    a, _ = assert_same(one, two, 2, tiny_dir, keys=keys)
+    assert min(a["rollout/tool_calls_mean"].values()) > 0 and min(a["rollout/observation_tokens_mean"].values()) > 0

@@ -37,6 +37,8 @@ from harness.validate import ConfigError, validate
 from tests.conftest import compose
 from tests.knob_probe import BASE, adamw_noise_ok, diff, metric, probe, same
 
+# the tiny model "calls" on any token with an "e" (test_tools.py); 40 tokens hold a whole observation
+ANY_E = ("tools.call_open=", "tools.call_close=e", "rollout.max_new_tokens=40")
 MU2 = ("mu=2", "train.lr=0.05")  # a second pass moves the ratio away from 1
 KL = ("beta=0.5",)
 
@@ -193,6 +195,21 @@ KNOBS = {
     "rollout/vllm.enforce_eager": check("check_vllm_engine"),
     "rollout/vllm.gpu_memory_utilization": refused(0.5, "has no GPU visible"),
     "rollout/vllm.sleep": refused("true", "has no GPU visible"),
+    "rollout/hf.max_turns": math_(1, "rollout", "tools=calculator", *ANY_E),
+    "rollout/vllm.max_turns": check("check_vllm_max_turns"),
+    # ---------------------------------------------------------------- tools (episode rollouts)
+    "tools": check("check_tools_group"),
+    "tools/calculator.call_open": math_("X", "rollout", "tools.call_close=e", "rollout.max_new_tokens=40"),
+    "tools/calculator.call_close": math_("a", "rollout", "tools.call_open=", "rollout.max_new_tokens=40"),
+    "tools/calculator.result_open": math_("'<r>'", "rollout", *ANY_E),  # quoted: < is Hydra grammar
+    "tools/calculator.result_close": math_("R", "rollout", *ANY_E),
+    "tools/calculator.max_input_chars": math_(0, "rollout", *ANY_E),
+    "tools/calculator.max_output_chars": check("check_tool_bounds"),
+    "tools/calculator.timeout_s": check("check_tool_bounds"),
+    "tools/calculator.max_digits": check("check_tool_bounds"),
+    **{f"tools/search.{k}": check("check_search_tool") for k in (
+        "call_open", "call_close", "result_open", "result_close", "max_input_chars", "max_output_chars", "timeout_s",
+        "path", "text_key", "top_k", "passage_chars")},
     # ---------------------------------------------------------------- rollout-training mismatch
     # (on the hf backend sampler and trainer differ by ~1e-6, so ratios sit on both sides of 1)
     "rollout_correction": math_("token_mask", "loss", "rollout_correction.cap=1.0"),
@@ -783,6 +800,46 @@ def check_vllm_staleness(key, tmp_path, monkeypatch):
     backend.close()
     assert torch.equal(again[0], ids), "step 2 did not sample with the initial weights"
     assert not torch.equal(again[1], ids), "the weights after step 1 sample the same: the check cannot see the lag"
+
+
+def check_tools_group(key, tmp_path, monkeypatch):
+    """tools=calculator turns the rollout into episodes: other sampled ids, observations, counts."""
+    base = _baseline((), "hash")
+    tools = probe("tools=calculator", *ANY_E)
+    assert not same(base["rollout"], tools["rollout"])
+    assert metric(base, "rollout/tool_calls_mean") == [None] * 3  # eval at step 0, then 2 steps
+    calls = metric(tools, "rollout/tool_calls_mean")[1:]
+    assert all(c is not None and c > 0 for c in calls), calls
+    assert all(r.batch.observation_mask is not None and r.batch.observation_mask.sum() > 0 for r in tools["records"])
+
+
+def check_tool_bounds(key, tmp_path, monkeypatch):
+    """max_output_chars, timeout_s and max_digits bound a call (tests/test_tools.py)."""
+    from tests.test_tools import test_calculator_values_and_hostile_inputs, test_runner_bounds_raising_hanging_and_huge_tools
+
+    test_calculator_values_and_hostile_inputs()
+    test_runner_bounds_raising_hanging_and_huge_tools()
+
+
+def check_search_tool(key, tmp_path, monkeypatch):
+    """Each tools=search key changes the episode (tests/test_tools.py, in a subprocess: bm25s loads numba)."""
+    from tests.test_tools import check_search_params
+
+    check_search_params(tmp_path)
+
+
+def check_vllm_max_turns(key, tmp_path, monkeypatch):
+    """rollout.max_turns bounds a vLLM episode's turns as the hf backend's."""
+    cfg, task, tok, backend = _vllm_backend("tools=calculator", *ANY_E, "rollout.max_model_len=512")  # 2-shot prompts: ~260 tokens
+    from harness.rollout import SamplingParams
+
+    prompts = [task.prompt(task.train_problem(i, 0), tok) for i in range(2)]
+    one = backend.generate(prompts, 2, SamplingParams(temperature=1.0, max_new_tokens=24, seed=1))
+    backend.max_turns = 1
+    single = backend.generate(prompts, 2, SamplingParams(temperature=1.0, max_new_tokens=24, seed=1))
+    assert int(one.episode["turns"].max()) > 1 and int(single.episode["turns"].max()) == 1
+    assert single.observation_mask.sum() == 0
+    backend.close()
 
 
 def test_knob_probe_exercises_the_branches():

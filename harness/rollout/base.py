@@ -40,6 +40,7 @@ class RolloutConfig:
     share_prefix: bool = True  # prefill each distinct prompt once, copy its KV cache to the group
     # sample step t's rollouts with the weights of k updates ago (harness.staleness; 0 = on-policy)
     staleness: int = 0
+    max_turns: int = 4  # with a tool (tools=...): model turns per episode; max_new_tokens bounds them all
 
 
 @dataclass
@@ -79,6 +80,12 @@ class RolloutBatch:
             distribution the sampler drew it from (after temperature, renormalised over the
             top-k / top-p keep set), 0 past the mask; None
             when the backend does not report them (greedy decoding).
+        observation_mask: ``[B, Tc]`` long, 1 on the tool observations' tokens an episode rollout
+            (:mod:`harness.rollout.episode`) appended between the model's turns; None when no tool
+            ran (single-turn rollouts). Those tokens are attended to (``completion_mask``) but not
+            trained on (:attr:`loss_mask`), and have sampler log-prob 0.
+        episode: per-row episode counts (``[B]`` long each: ``turns``, ``tool_calls``,
+            ``tool_errors``); None for single-turn rollouts.
     """
 
     prompt_ids: torch.Tensor
@@ -89,10 +96,21 @@ class RolloutBatch:
     texts: list[str]
     group_size: int
     sampler_logprobs: torch.Tensor | None = None
+    observation_mask: torch.Tensor | None = None
+    episode: dict | None = None
 
     @property
     def num_sequences(self) -> int:
         return self.completion_ids.shape[0]
+
+    @property
+    def loss_mask(self) -> torch.Tensor:
+        """``[B, Tc]`` the tokens the algorithm sees (estimators, losses, KL, corrections,
+        aggregations): the model's own tokens, i.e. ``completion_mask`` without the observation
+        tokens; ``completion_mask`` itself (the same object) when there are none."""
+        if self.observation_mask is None:
+            return self.completion_mask
+        return self.completion_mask * (1 - self.observation_mask)
 
     def select(self, rows: torch.Tensor | list[int]) -> "RolloutBatch":
         """A new batch with only ``rows`` (whole groups; used by dynamic sampling)."""
@@ -102,6 +120,8 @@ class RolloutBatch:
             self.completion_mask[rows], self.truncated[rows],
             [self.texts[i] for i in rows.tolist()], self.group_size,
             None if self.sampler_logprobs is None else self.sampler_logprobs[rows],
+            None if self.observation_mask is None else self.observation_mask[rows],
+            None if self.episode is None else {k: v[rows] for k, v in self.episode.items()},
         )
 
 
@@ -128,6 +148,11 @@ def concat_batches(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
         batches[0].group_size,
         None if any(b.sampler_logprobs is None for b in batches)
         else torch.cat([rpad(b.sampler_logprobs, tc, 0.0) for b in batches]),
+        None if all(b.observation_mask is None for b in batches)
+        else torch.cat([rpad(b.observation_mask if b.observation_mask is not None
+                             else torch.zeros_like(b.completion_mask), tc, 0) for b in batches]),
+        None if any(b.episode is None for b in batches)
+        else {k: torch.cat([b.episode[k] for b in batches]) for k in batches[0].episode},
     )
 
 
@@ -148,3 +173,53 @@ class RolloutBackend(Protocol):
     def sync_weights(self, model: torch.nn.Module) -> None:
         """Load the policy's current weights (no-op when the backend shares the module)."""
         ...
+
+    def sample_ids(self, rows: list[list[int]], params: SamplingParams, max_new: list[int], stop: str,
+                   row_index: list[int]) -> list["Sample"]:
+        """One model turn of an episode (:mod:`harness.rollout.episode`): token ids in, token ids out.
+
+        Row ``i`` continues ``rows[i]`` (prompt + earlier turns' ids, unpadded) by at most
+        ``max_new[i]`` tokens, stopping after EOS or after the token that completes the text
+        ``stop``; seeded by ``params.seed`` and ``row_index[i]`` as :class:`SamplingParams` says.
+        """
+        ...
+
+
+@dataclass
+class Sample:
+    """One row's turn from :meth:`RolloutBackend.sample_ids`.
+
+    Attributes:
+        ids: the sampled token ids, in order (EOS or the stop string's last token included).
+        logprobs: the sampler's log-prob of each (after temperature); None under greedy decoding.
+        stop: why the turn ended: ``"eos"``, ``"stop"`` (the stop string was completed) or
+            ``"length"`` (``max_new`` tokens).
+    """
+
+    ids: list[int]
+    logprobs: list[float] | None
+    stop: str
+
+
+def end_of_turn(ids: list[int], eos_ids: set[int], stop: str, tokenizer, max_new: int) -> tuple[int, str]:
+    """Where a turn's sampled ``ids`` end: ``(length, reason)``.
+
+    The turn ends at the first EOS (kept), else at the first token whose arrival makes the decoded
+    text of the turn contain ``stop`` (kept; a token may carry text past the stop string, it is
+    kept whole: the ids are never re-tokenized), else after ``max_new`` tokens. Both backends cut
+    their output with this rule, so a turn is the same tokens whichever backend sampled it.
+
+    Returns:
+        (number of ids kept, ``"eos"`` | ``"stop"`` | ``"length"``).
+    """
+    ids = ids[:max_new]
+    text_len = 0
+    for k, t in enumerate(ids):
+        if t in eos_ids:
+            return k + 1, "eos"
+        # a token can complete the stop string only if it adds text: decode the tail once it might
+        text = tokenizer.decode(ids[: k + 1])
+        if len(text) != text_len and stop in text[max(0, text_len - len(stop)) :]:
+            return k + 1, "stop"
+        text_len = len(text)
+    return len(ids), "length"

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import torch
-from transformers import LogitsProcessorList
+from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
 from harness import progress
 from harness.kv import cache_kwarg, prompt_cache
 from harness.precision import upcast
-from harness.rollout.base import BACKENDS, RolloutBatch, RolloutConfig, SamplingParams, concat_batches
+from harness.rollout.base import (BACKENDS, RolloutBatch, RolloutConfig, Sample, SamplingParams, concat_batches,
+                                  end_of_turn)
 from harness.truncation import SamplingFilter, keep_set
 
 
@@ -107,6 +108,19 @@ class _SeededSampler:
         noise = torch.stack([torch.empty(scores.shape[1], device=scores.device).exponential_(generator=g)
                              for g in self.gens])
         return scores.float() / self.temperature - noise.log()
+
+
+class _StopOnText(StoppingCriteria):
+    """Stops a row once the text it generated in this call contains ``stop`` (checked on the
+    decoded tail: the last ``tail`` tokens); rows stop independently."""
+
+    def __init__(self, tokenizer, stop: str, start: int, tail: int = 16):
+        self.tokenizer, self.stop, self.start, self.tail = tokenizer, stop, start, tail
+
+    def __call__(self, input_ids, scores, **kwargs):
+        new = input_ids[:, self.start :]
+        tails = self.tokenizer.batch_decode(new[:, -self.tail :])
+        return torch.tensor([self.stop in t for t in tails], dtype=torch.bool, device=input_ids.device)
 
 
 @BACKENDS.register("hf", params=RolloutConfig)
@@ -217,3 +231,49 @@ class HFRollout:
         sampler = None if recorder is None else recorder.finish(completion) * mask.cpu()
         return RolloutBatch(enc["input_ids"].cpu(), enc["attention_mask"].cpu(), completion.cpu(),
                             mask.cpu(), truncated.cpu(), texts, group_size, sampler)
+
+    @torch.no_grad()
+    def sample_ids(self, rows: list[list[int]], params: SamplingParams, max_new: list[int], stop: str,
+                   row_index: list[int]) -> list[Sample]:
+        """One episode turn per row (:meth:`harness.rollout.base.RolloutBackend.sample_ids`): the
+        rows left-padded into ``generate`` calls of ``batch_size``, each run for the largest
+        ``max_new`` of its rows and cut per row by :func:`harness.rollout.base.end_of_turn`
+        (a row's tokens do not depend on the other rows under seeded or greedy sampling, so
+        cutting a row at its own budget is the same as generating it alone)."""
+        step = self.batch_size or len(rows)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            return [s for i in range(0, len(rows), step)
+                    for s in self._sample_ids(rows[i : i + step], params, max_new[i : i + step], stop,
+                                              row_index[i : i + step])]
+        finally:
+            self.model.train(was_training)
+
+    def _sample_ids(self, rows, params, max_new, stop, row_index) -> list[Sample]:
+        pad, dev = self.tokenizer.pad_token_id, self.model.device
+        width = max(len(r) for r in rows)
+        ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], dtype=torch.long, device=dev)
+        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], dtype=torch.long, device=dev)
+        greedy = params.temperature == 0
+        recorder = None if greedy else _LogprobRecorder(params.temperature)
+        processors = [recorder] if recorder is not None else []
+        if greedy:
+            kwargs = dict(do_sample=False)
+        elif params.seed is not None:
+            kwargs = dict(do_sample=False)
+            processors.append(_SeededSampler(params.seed, row_index, params.temperature, dev))
+        else:
+            kwargs = dict(do_sample=True, temperature=params.temperature, top_p=params.top_p, top_k=0)
+        seq = self.model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=max(max_new), pad_token_id=pad,
+            eos_token_id=sorted(self.eos_ids), logits_processor=LogitsProcessorList(processors),
+            stopping_criteria=StoppingCriteriaList([_StopOnText(self.tokenizer, stop, width)]), synced_gpus=False,
+            **kwargs)
+        completion = seq[:, width:].cpu()
+        logps = recorder.finish(completion) if recorder is not None and completion.shape[1] else None
+        out = []
+        for r in range(len(rows)):
+            n, why = end_of_turn(completion[r].tolist(), self.eos_ids, stop, self.tokenizer, max_new[r])
+            out.append(Sample(completion[r, :n].tolist(), None if logps is None else logps[r, :n].tolist(), why))
+        return out

@@ -34,7 +34,7 @@ import torch
 from harness import progress as report
 from harness.lora import base_state_dict
 from harness.models import save_pretrained_on_any_rank
-from harness.rollout.base import BACKENDS, RolloutBatch, RolloutConfig, SamplingParams
+from harness.rollout.base import BACKENDS, RolloutBatch, RolloutConfig, Sample, SamplingParams, end_of_turn
 from harness.rollout.hf import completion_mask_from_ids, row_seed
 
 
@@ -190,6 +190,33 @@ class VLLMRollout:
         texts = tok.batch_decode(completion * mask + tok.pad_token_id * (1 - mask), skip_special_tokens=True)
         return RolloutBatch(enc["input_ids"], enc["attention_mask"], completion, mask.long(), truncated, texts,
                             num_samples, sampler_logprobs=None if greedy else sampler * mask)
+
+    @torch.no_grad()
+    def sample_ids(self, rows: list[list[int]], params: SamplingParams, max_new: list[int], stop: str,
+                   row_index: list[int]) -> list[Sample]:
+        """One episode turn per row (:meth:`harness.rollout.base.RolloutBackend.sample_ids`): one
+        request per row (``n=1``, seeded by ``row_seed(seed, row_index)``), stopping on EOS or the
+        stop string (kept in the output), cut by :func:`harness.rollout.base.end_of_turn` as the
+        ``hf`` backend's turns are."""
+        self._wake()
+        greedy = params.temperature == 0
+        sampling = [self._vllm.SamplingParams(
+            n=1, temperature=params.temperature, top_p=1.0, top_k=-1, max_tokens=m, logprobs=0,
+            seed=None if params.seed is None or greedy else row_seed(params.seed, i),
+            stop=[stop], include_stop_str_in_output=True, stop_token_ids=sorted(self.eos_ids), skip_special_tokens=False)
+            for m, i in zip(max_new, row_index)]
+        outs = self.llm.generate([{"prompt_token_ids": r} for r in rows], sampling, use_tqdm=False)
+        if self.sleep_between:
+            self.llm.sleep(level=1)
+            self.asleep = True
+        samples = []
+        for out, m in zip(outs, max_new):
+            o = out.outputs[0]
+            ids = list(o.token_ids)
+            n, why = end_of_turn(ids, self.eos_ids, stop, self.tokenizer, m)
+            lp = None if greedy else [_token_logprob(d, t) for d, t in zip(o.logprobs or [], ids)][:n]
+            samples.append(Sample(ids[:n], lp, why))
+        return samples
 
     def close(self) -> None:
         """Shut the engine down and remove its temporary model folder. Under ``torchrun`` this must

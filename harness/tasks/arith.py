@@ -60,8 +60,17 @@ def make_problem(rng: random.Random, digits: int, num_ops: int, operators: list,
     return question, value, steps
 
 
-def worked_answer(steps: list[str], answer: int) -> str:
-    """The answer style the prompt asks for: one equation per line, then ``#### N``."""
+def worked_answer(steps: list[str], answer: int, tool=None) -> str:
+    """The answer style the prompt asks for: one equation per line, then ``#### N``.
+
+    With ``tool`` (a :class:`harness.tools.ToolRunner`), each step's right-hand side is the
+    tool's call and its observation, as an episode rollout produces them:
+    ``1234 + 5678 = <calc>1234 + 5678</calc><result>6912</result>``.
+    """
+    if tool is not None:
+        p = tool.params
+        steps = [f"{lhs} = {p.call_open}{lhs}{p.call_close}{tool.wrap(tool.observe(lhs))}"
+                 for lhs in (s.split(" = ")[0] for s in steps)]
     return "\n".join(steps) + f"\n#### {answer}"
 
 
@@ -91,18 +100,21 @@ class ArithTask(Task):
     def __init__(self, cfg):
         super().__init__(cfg)
         self._gen_args = (cfg.digits, cfg.num_ops, list(cfg.operators), cfg.distractors)
-        # worked examples come from their own seed namespace
-        self.shots = tuple(
-            Shot(q, worked_answer(steps, a))
-            for q, a, steps in (
-                make_problem(random.Random(f"shot-{cfg.seed}-{i}"), *self._gen_args) for i in range(4)
-            )
-        )
+        self.use_tool(None)
         test = [self._make("test", i) for i in range(cfg.test_size)]
         self.record_source("train", "generated:arith (seeded stream; the code is git.commit)")
         self.record_source("test", "generated:arith")
         self.eval = self.pick_eval(test)
         self.train = ()
+
+    def use_tool(self, tool) -> None:
+        """The worked examples (their own seed namespace), showing ``tool``'s calls when given."""
+        self.shots = tuple(
+            Shot(q, worked_answer(steps, a, tool))
+            for q, a, steps in (
+                make_problem(random.Random(f"shot-{self.cfg.seed}-{i}"), *self._gen_args) for i in range(4)
+            )
+        )
 
     def _make(self, split: str, index: int) -> Problem:
         rng = random.Random(f"{split}-{self.cfg.seed}-{index}")

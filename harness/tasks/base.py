@@ -132,6 +132,11 @@ class Task:
                 log.warning("task %s: gold answer %r of problem %s is not a number; it will always score 0",
                             self.name, p.gold, p.id)
 
+    def use_tool(self, tool) -> None:
+        """Rollouts run with ``tool`` (a :class:`harness.tools.ToolRunner`): a task whose worked
+        examples can show a call rewrites them here (:class:`harness.tasks.arith.ArithTask`); by
+        default the examples stay as they are."""
+
     # --------------------------------------------------------------------- prompt
     def messages(self, problem: Problem) -> list[dict]:
         """Chat messages: optional system prompt, ``num_shots`` worked examples, the question."""
