@@ -203,7 +203,8 @@ KNOBS = {
     "tools/calculator.call_close": math_("a", "rollout", "tools.call_open=", "rollout.max_new_tokens=40"),
     "tools/calculator.result_open": math_("'<r>'", "rollout", *ANY_E),  # quoted: < is Hydra grammar
     "tools/calculator.result_close": math_("R", "rollout", *ANY_E),
-    "tools/calculator.max_input_chars": math_(0, "rollout", *ANY_E),
+    # the tiny model's probe run makes no call whose input length decides anything: checked on the runner
+    "tools/calculator.max_input_chars": check("check_tool_bounds"),
     "tools/calculator.max_output_chars": check("check_tool_bounds"),
     "tools/calculator.timeout_s": check("check_tool_bounds"),
     "tools/calculator.max_digits": check("check_tool_bounds"),
@@ -814,7 +815,7 @@ def check_tools_group(key, tmp_path, monkeypatch):
 
 
 def check_tool_bounds(key, tmp_path, monkeypatch):
-    """max_output_chars, timeout_s and max_digits bound a call (tests/test_tools.py)."""
+    """max_input_chars, max_output_chars, timeout_s and max_digits bound a call (tests/test_tools.py)."""
     from tests.test_tools import test_calculator_values_and_hostile_inputs, test_runner_bounds_raising_hanging_and_huge_tools
 
     test_calculator_values_and_hostile_inputs()
