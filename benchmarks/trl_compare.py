@@ -70,8 +70,10 @@ TRL_NON_DEFAULTS = [
     ("learning_rate", "{lr}", "the harness's preset; TRL's default is 1e-6"),
     ("max_completion_length", "{max_new_tokens}", "TRL's default is 512"),
     ("temperature", "{temperature}", "TRL's default is 1.0"),
-    ("per_device_train_batch_size", "{batch}", "P x G completions per step, in one generation batch "
-                                               "(gradient_accumulation_steps=1, steps_per_generation=1)"),
+    ("per_device_train_batch_size / gradient_accumulation_steps / steps_per_generation", "{mb} / {accum} / {accum}",
+     "P x G completions per optimizer step, generated as one batch and trained in micro-batches of {mb} completions "
+     "(TRL's own micro-batching, = the harness's train.micro_batch_size; one 32-completion forward/backward peaked at "
+     "20 GiB RSS and was OOM-killed next to other jobs on this 24 GiB machine)"),
     ("report_to / save_strategy / logging_steps", "none / no / 1", "no trackers, no checkpoints; logs are "
                                                                    "written after on_step_end, outside the timing"),
 ]
@@ -201,6 +203,24 @@ def harness_worker(settings: dict) -> dict:
                      "train_cfg": OmegaConf.to_container(cfg.train, resolve=True)}}
 
 
+def trl_micro_batch(s: dict) -> int:
+    """TRL's ``per_device_train_batch_size``: the harness's micro-batch, or the whole P x G batch when it does not
+    divide it."""
+    batch, mb = s["prompts"] * s["group_size"], s["micro_batch_size"]
+    return mb if 0 < mb <= batch and batch % mb == 0 else batch
+
+
+def trl_accum(s: dict) -> int:
+    """TRL's ``gradient_accumulation_steps`` (= ``steps_per_generation``): micro-batches per optimizer step."""
+    return s["prompts"] * s["group_size"] // trl_micro_batch(s)
+
+
+def trl_non_defaults(s: dict) -> list[tuple[str, str, str]]:
+    """:data:`TRL_NON_DEFAULTS` filled in with the settings ``s``: (key, value, why) rows for the report."""
+    fill = dict(batch=s["prompts"] * s["group_size"], mb=trl_micro_batch(s), accum=trl_accum(s))
+    return [(k, v.format(**fill, **s), why.format(**fill)) for k, v, why in TRL_NON_DEFAULTS]
+
+
 def trl_config_kwargs(settings: dict, output_dir: str) -> dict:
     """The ``GRPOConfig`` keyword arguments matching the harness setup.
 
@@ -216,8 +236,8 @@ def trl_config_kwargs(settings: dict, output_dir: str) -> dict:
         gradient_checkpointing=False, report_to="none", save_strategy="no", eval_strategy="no",
         logging_steps=1, disable_tqdm=True, log_level="warning", dataloader_num_workers=0,
         max_steps=s["warmup"] + s["steps"], shuffle_dataset=False, remove_unused_columns=False,
-        per_device_train_batch_size=s["prompts"] * s["group_size"], gradient_accumulation_steps=1,
-        steps_per_generation=1, num_generations=s["group_size"], max_completion_length=s["max_new_tokens"],
+        per_device_train_batch_size=trl_micro_batch(s), gradient_accumulation_steps=trl_accum(s),
+        steps_per_generation=trl_accum(s), num_generations=s["group_size"], max_completion_length=s["max_new_tokens"],
         temperature=s["temperature"], top_p=s["top_p"], top_k=0, num_iterations=1, beta=s["beta"],
         epsilon=s["epsilon"], loss_type="dapo", scale_rewards="group", use_vllm=False,
         learning_rate=s["lr"], adam_beta1=0.9, adam_beta2=0.99, weight_decay=0.0, max_grad_norm=s["max_grad_norm"],
@@ -504,8 +524,7 @@ def run_comparison(**settings) -> dict:
     return {"settings": s, "rounds": rounds, "raw": raw, "ratios": ratios,
             "mean_ratio": sum(ratios) / len(ratios) if ratios else None, "wall_s": time.perf_counter() - t0,
             "trl_version": TRL_VERSION,
-            "trl_non_defaults": [(k, v.format(batch=s["prompts"] * s["group_size"], **s), why)
-                                 for k, v, why in TRL_NON_DEFAULTS]}
+            "trl_non_defaults": trl_non_defaults(s)}
 
 
 def markdown(result: dict) -> list[str]:
@@ -556,9 +575,8 @@ def markdown(result: dict) -> list[str]:
         nd = "; ".join(f"`{k}={v}` ({why})" for k, v, why in result["trl_non_defaults"])
         lines += [f"TRL settings away from `GRPOConfig` defaults: {nd}. Left at TRL defaults: `loss_type=\"dapo\"`, "
                   "`scale_rewards=\"group\"`, `num_iterations=1`, `epsilon=0.2`, `top_k=0`, `top_p=1.0`, `beta=0.0` "
-                  "(= the harness's settings here). Not settable in TRL: its std epsilon (1e-4, harness 1e-6) and "
-                  f"micro-batching (TRL runs the {s['prompts'] * s['group_size']}-completion batch as one "
-                  f"forward/backward; the harness in length-sorted micro-batches of {s['micro_batch_size']}).", ""]
+                  "(= the harness's settings here). Not settable in TRL: its std epsilon (1e-4, harness 1e-6); TRL's "
+                  f"micro-batches of {trl_micro_batch(s)} are in sampling order, the harness's length-sorted.", ""]
     return lines
 
 
@@ -587,7 +605,7 @@ def main(argv=None) -> None:
     ap.add_argument("--epsilon", type=float, default=d["epsilon"])
     ap.add_argument("--lr", type=float, default=d["lr"])
     ap.add_argument("--max-grad-norm", type=float, default=d["max_grad_norm"])
-    ap.add_argument("--micro-batch-size", type=int, default=d["micro_batch_size"], help="harness side only")
+    ap.add_argument("--micro-batch-size", type=int, default=d["micro_batch_size"], help="both sides: the harness's train.micro_batch_size, TRL's per_device_train_batch_size")
     ap.add_argument("--threads", type=int, default=d["threads"], help="torch threads, both sides")
     ap.add_argument("--seed", type=int, default=d["seed"])
     ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",

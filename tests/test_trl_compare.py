@@ -27,12 +27,25 @@ def test_summaries_ratios_and_markdown():
     assert ratios == pytest.approx([10.0 / 2.5, 15.0 / 5.0])
     s = tc.resolve_settings(**TINY)
     result = {"settings": s, "rounds": rounds, "ratios": ratios, "mean_ratio": sum(ratios) / 2, "wall_s": 1.0,
-              "trl_non_defaults": [(k, v.format(batch=8, **s), why) for k, v, why in tc.TRL_NON_DEFAULTS]}
+              "trl_non_defaults": tc.trl_non_defaults(s)}
     text = "\n".join(tc.markdown(result))
     assert "4.00, 3.00; **mean 3.50x**" in text
     assert "| A harness | 20.0 | 200 | 10.0 | 0.00 | 1.0 |" in text and "| B trl | 40.0 | 100 | 2.5 | 0.00 | 1.0 |" in text
     assert "`gradient_checkpointing=False`" in text and "`max_completion_length=8`" in text
     assert "Harness step-time split" in text and "rollout 10.0 s" in text
+
+
+def test_trl_micro_batches_match_the_harness():
+    s = tc.resolve_settings(**{**TINY, "prompts": 4, "group_size": 8, "micro_batch_size": 8})
+    kw = tc.trl_config_kwargs(s, "/tmp/unused")
+    # one generation batch of P x G = 32, trained in 4 micro-batches of 8, one optimizer step
+    assert (kw["per_device_train_batch_size"], kw["gradient_accumulation_steps"], kw["steps_per_generation"]) == (8, 4, 4)
+    assert "`per_device_train_batch_size / gradient_accumulation_steps / steps_per_generation=8 / 4 / 4`" in "\n".join(
+        tc.markdown({"settings": s, "rounds": [], "ratios": [], "mean_ratio": None, "wall_s": 1.0,
+                     "trl_non_defaults": tc.trl_non_defaults(s)}))
+    s = tc.resolve_settings(**{**TINY, "prompts": 3, "group_size": 2, "micro_batch_size": 4})  # 4 does not divide 6
+    kw = tc.trl_config_kwargs(s, "/tmp/unused")
+    assert (kw["per_device_train_batch_size"], kw["gradient_accumulation_steps"]) == (6, 1)
 
 
 def test_harness_worker_runs_ppo_with_its_critic():
