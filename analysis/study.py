@@ -479,6 +479,9 @@ def write_report(spec: dict, result: dict, records: dict, path: Path, study_file
     if result["runs_finished"]:
         png = plot(spec, records, result, path.parent / "plots" / f"{path.stem}.png", client)
         plots = [f"![{spec['name']}](plots/{png.name})"]
+        sec = plot_secondary(spec, records, path.parent / "plots" / f"{path.stem}_secondary.png", client)
+        if sec is not None:
+            plots.append(f"![{spec['name']} secondary metrics](plots/{sec.name})")
     p = result["power"]
     lines = [f"# Study `{spec['name']}`{' (GPU arm set)' if spec.get('variant') == 'gpu' else ''}", "",
              f"**Claim.** {spec['claim']}", "", f"**Source.** {spec['source']}", "",
@@ -545,7 +548,76 @@ def _secondary_lines(spec: dict, records: dict, client=None) -> list[str]:
             cells.append(f"{np.mean(list(per.values())):.4g} [" + ", ".join(f"{v:.4g}" for v in per.values()) + "]"
                          if per else "n/a")
         out.append(f"| `{name}` | " + " | ".join(cells) + " |")
+    out += secondary_curve_lines(spec, records, client)
     return out
+
+
+def secondary_curves(spec: dict, records: dict, client=None) -> dict[str, dict[str, dict[int, float]]]:
+    """Per-step curves of the ``secondary`` metrics: ``{metric: {arm: {step: mean over the arm's seeds}}}``
+    (a step enters an arm's curve when every seed of that arm logged it)."""
+    client = client or MlflowClient(store_uri(spec))
+    out: dict[str, dict[str, dict[int, float]]] = {}
+    for name in spec.get("secondary") or []:
+        for arm in spec["arms"]:
+            hists = [{m.step: m.value for m in client.get_metric_history(r.run_id, name)}
+                     for _, r in sorted(records.get(arm, {}).items())]
+            hists = [h for h in hists if h]
+            if not hists:
+                continue
+            steps = sorted(set.intersection(*(set(h) for h in hists)))
+            out.setdefault(name, {})[arm] = {x: float(np.mean([h[x] for h in hists])) for x in steps}
+    return out
+
+
+def secondary_curve_lines(spec: dict, records: dict, client=None, max_columns: int = 10) -> list[str]:
+    """A markdown table of :func:`secondary_curves`: a row per (metric, arm), a column per logged step (at most
+    ``max_columns``, evenly spaced, always the first and last)."""
+    curves = secondary_curves(spec, records, client)
+    steps = sorted({x for arms in curves.values() for c in arms.values() for x in c})
+    if not steps:
+        return []
+    if len(steps) > max_columns:
+        idx = np.unique(np.linspace(0, len(steps) - 1, max_columns).round().astype(int))
+        steps = [steps[i] for i in idx]
+    out = ["", "Per step, mean over seeds (plot: `plots/" + spec["name"] + "_secondary.png`):", "",
+           "| metric | arm | " + " | ".join(f"step {x}" for x in steps) + " |", "|---|---|" + "---|" * len(steps)]
+    for name, arms in curves.items():
+        for arm, c in arms.items():
+            out.append(f"| `{name}` | {arm} | " + " | ".join(f"{c[x]:.4g}" if x in c else "" for x in steps) + " |")
+    return out
+
+
+def plot_secondary(spec: dict, records: dict, path: Path, client=None) -> Path | None:
+    """One panel per ``secondary`` metric: its per-step mean over seeds, a line per arm; None when nothing
+    was logged."""
+    curves = secondary_curves(spec, records, client)
+    if not curves:
+        return None
+    import matplotlib  # heavy, only for plots
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # heavy, only for plots
+
+    n = len(curves)
+    cols = min(n, 4)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.4 * cols, 2.8 * rows), squeeze=False)
+    for ax, (name, arms) in zip(axes.flat, curves.items()):
+        for arm, c in arms.items():
+            xs = sorted(c)
+            ax.plot(xs, [c[x] for x in xs], marker=".", label=arm)
+        ax.set_title(name, fontsize="small")
+        ax.set_xlabel("step", fontsize="small")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize="x-small")
+    fig.suptitle(f"{spec['name']}: secondary metrics, mean over seeds", fontsize="medium")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
 
 
 def run_meta(records: dict, machine: str) -> dict:

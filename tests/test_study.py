@@ -186,7 +186,12 @@ def test_train_metric_last_third_is_the_window_mean(in_tmp):
     assert res["verdict"] == "reproduced"  # every resample of the 4 step differences is > 0
     assert res["per_arm"]["A"] == pytest.approx({0: 0.10, 1: 0.10})
     # secondary: A's mean over all 6 steps, seed 0 2.8/6, seed 1 2.6/6, mean 0.45
-    assert "| `train/entropy` | 0.45 [0.4667, 0.4333] |" in (in_tmp / "results" / "studies" / "t.md").read_text()
+    text = (in_tmp / "results" / "studies" / "t.md").read_text()
+    assert "| `train/entropy` | 0.45 [0.4667, 0.4333] |" in text
+    # the per-step curve, mean over seeds: A step 1 (0.9+0.9)/2, step 2 (0.8+0.7)/2, ..., step 6 (0.1+0.08)/2
+    assert "| `train/entropy` | A | 0.9 | 0.75 | 0.5 | 0.35 | 0.11 | 0.09 |" in text
+    assert "| `train/entropy` | B | 0.05 | 0.1 | 0.1 | 0.1 | 0.26 | 0.21 |" in text
+    assert (in_tmp / "results" / "studies" / "plots" / "t_secondary.png").stat().st_size > 0
 
 
 # ------------------------------------------------------------------------------ resume
