@@ -27,10 +27,10 @@ from harness.distributed import full_weights, world
 from harness.evaluation import BY_OUTCOME, completion_len_by_outcome, evaluate
 from harness.health import HealthMonitor
 from harness.lora import base_state_dict, build_adapters, trainable_fraction, trainable_parameters
+from harness.overlap import OverlappedRollout
 from harness.perf import PeakMemory
 from harness.precision import compute_dtype
 from harness.rewards import RewardOutput, compute_rewards, process_step_rewards, shape_rewards
-from harness.overlap import OverlappedRollout
 from harness.rollout import RolloutBatch, SamplingParams, concat_batches, empty_batch
 from harness.staleness import LaggedPolicy
 from harness.step_metrics import StepOutputs, step_metrics
