@@ -1,7 +1,7 @@
 """Overlapped stale rollouts (``rollout.overlap=true``, :mod:`harness.overlap`).
 
-* overlap=true equals overlap=false at staleness 1 and 2 (and with DAPO's resampling filter), same
-  seeds, float64 tiny model: every step's rollouts exactly, every logged metric, the final weights
+* overlap=true equals overlap=false at staleness 1 and 2 (and with DAPO's resampling filter, LoRA,
+  a tool's episodes), same seeds, float64 tiny model: every step's rollouts exactly, every logged metric, the final weights
   to 1e-10;
 * the next step's generation really runs in the worker thread while the current step's update
   runs (the worker's generation waits for the update to start: a sequential run would time out),
@@ -83,9 +83,15 @@ def _run(*overrides, gate=None, on_update=None):
     return rec.calls, history, weights, trainer
 
 
+# tools: the tiny model "calls" on any token with an "e" (tests/test_tools.py), so episodes have observations
+TOOLS = ("tools=calculator", "tools.call_open=", "tools.call_close=e", "rollout.max_new_tokens=40")
+
+
 @pytest.mark.parametrize("overrides", [("rollout.staleness=1",), ("rollout.staleness=2",),
-                                       ("rollout.staleness=1", "group_filter=dapo")],
-                         ids=["k1", "k2", "k1-dapo"])
+                                       ("rollout.staleness=1", "group_filter=dapo"),
+                                       ("rollout.staleness=1", "lora=peft", "lora.r=4"),
+                                       ("rollout.staleness=1", *TOOLS)],
+                         ids=["k1", "k2", "k1-dapo", "k1-lora", "k1-tools"])
 def test_overlap_equals_sequential(overrides):
     """Same seeds, same batches: the rollouts (ids, masks, sampler log-probs) of every step, every
     logged metric but the timings, and the final weights."""
@@ -109,6 +115,8 @@ def test_overlap_equals_sequential(overrides):
     assert [seq_hist[s]["rollout/staleness_mean"] for s in (1, 2, 3, 4)] == [min(s - 1, k) for s in (1, 2, 3, 4)]
     assert ov_w.tolist() == pytest.approx(seq_w.tolist(), **EXACT)
     assert min(seq_hist[s]["train/grad_norm"] for s in (1, 2, 3, 4)) > 1e-3, "the weights did not move"
+    if "tools=calculator" in overrides:  # the episodes (tool calls) ran in the worker
+        assert all(b[2].observation_mask is not None for b in ov_calls)
     if "group_filter=dapo" in overrides:  # the filter resampled: its extra rounds ran in the worker too
         assert max(ov_hist[s]["train/prompts_sampled"] for s in (1, 2, 3, 4)) > 2
 
