@@ -22,8 +22,9 @@ of our own):
 
 The batch is the one the sequential run (``overlap=false``) samples at step ``t + 1``: the same
 weights, prompts and per-row seeds, and generation touches no global RNG. Torch releases the GIL
-inside its ops, so the thread overlaps on a CPU too; on a GPU the vLLM engine's kernels run beside
-the update's. Why a thread and not a process: the engine and the generation module stay in this
+inside its ops, so the thread overlaps on a CPU too; on a GPU the engine's work is issued from the
+worker while the update's is issued from the trainer's thread (one GPU in this colocated mode:
+``benchmarks/gpu_train.py`` measures how much they overlap). Why a thread and not a process: the engine and the generation module stay in this
 process, no weights cross a process boundary beyond what ``sync_weights`` already sends, and the
 checkpoint, the RNG and the data position stay on the trainer's thread (the worker returns the
 position it reached; it changes none of the trainer's state).
