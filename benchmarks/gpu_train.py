@@ -6,6 +6,12 @@ What it checks that CI cannot (no GPU there): the policy, reference and critic t
 stays on CPU), and the loss is finite, for GRPO with a KL term and for PPO with its critic; it
 prints and records step time, rollout/update time and peak CUDA memory per job.
 
+The overlapped mode (``rollout.overlap``, :mod:`harness.overlap`): two jobs with ``rollout=vllm``
+(the engine on the same GPU, in the trainer's process) and ``rollout.staleness=1``, without and
+with ``rollout.overlap=true``; their losses must agree (the same batches, so the same maths), and
+the table shows what the overlap saves per step (``time/step_s``) and how long each step still
+waited for its batch (``time/rollout_wait_s``).
+
     python -m benchmarks.gpu_train                      # on the GPU machine: model=smollm2, preset=arith_cpu
     python -m benchmarks.gpu_train --device cpu --tiny  # a dry run of the script itself, here
 
@@ -23,11 +29,15 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-KEYS = ["time/step_s", "time/rollout_s", "time/update_s", "perf/peak_mem_gib", "perf/tokens_per_s", "train/loss"]
+KEYS = ["time/step_s", "time/rollout_s", "time/rollout_wait_s", "time/update_s", "perf/peak_mem_gib",
+        "perf/tokens_per_s", "train/loss"]
 TINY = ["model=tiny", "model.tiny_config.hidden_size=128", "model.tiny_config.num_attention_heads=2",
         "model.tiny_config.num_key_value_heads=1", "model.tiny_config.intermediate_size=256",
         "task=arith", "train.prompts_per_step=2", "group_size=4", "rollout.max_new_tokens=16", "eval.size=4"]
-JOBS = {"grpo_kl": ["beta=0.04"], "ppo_critic": ["advantage=ppo", "loss_agg=seq-mean-token-sum-norm"]}
+STALE = ["rollout=vllm", "rollout.staleness=1"]
+JOBS = {"grpo_kl": ["beta=0.04"], "ppo_critic": ["advantage=ppo", "loss_agg=seq-mean-token-sum-norm"],
+        "vllm_stale1": STALE, "vllm_stale1_overlap": [*STALE, "rollout.overlap=true"]}
+VLLM_CPU = ["rollout.kv_cache_gib=1", "rollout.max_model_len=512"]  # the dry run's CPU engine (refused on a GPU)
 
 
 def run(job: str, overrides: list[str], folder: Path) -> dict:
@@ -54,19 +64,26 @@ def main(argv=None) -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="gpu-train-") as tmp:
         for job, extra in JOBS.items():
-            row = run(job, [*base, *extra], Path(tmp) / job)
+            engine = VLLM_CPU if "rollout=vllm" in extra and a.device == "cpu" else []
+            row = run(job, [*base, *extra, *engine], Path(tmp) / job)
             assert row["device"] and row["device"].startswith(a.device), f"{job} trained on {row['device']}"
             assert all(v == v and abs(v) < 1e6 for v in row["loss"]), f"{job}: loss {row['loss']}"
             rows.append(row)
-    print("| job | device | wall s | step s | rollout s | update s | peak mem GiB | tokens/s |")
-    print("|---|---|---|---|---|---|---|---|")
+    seq, ov = (next(r for r in rows if r["job"] == j) for j in ("vllm_stale1", "vllm_stale1_overlap"))
+    ov["losses_equal_sequential"] = ov["loss"] == seq["loss"]  # the same batches: the same losses, bit for bit
+    print("| job | device | wall s | step s | rollout s | rollout wait s | update s | peak mem GiB | tokens/s |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['job']} | {r['device']} | {r['wall_s']} | {r['time/step_s']:.2f} | {r['time/rollout_s']:.2f} | "
-              f"{r['time/update_s']:.2f} | {r['perf/peak_mem_gib']:.2f} | {r['perf/tokens_per_s']:.1f} |")
+              f"{r['time/rollout_wait_s']:.2f} | {r['time/update_s']:.2f} | {r['perf/peak_mem_gib']:.2f} | "
+              f"{r['perf/tokens_per_s']:.1f} |")
+    print(f"rollout.overlap (vllm, staleness 1, steps after the first): step {seq['time/step_s']:.2f} s -> "
+          f"{ov['time/step_s']:.2f} s, waiting {ov['time/rollout_wait_s']:.2f} s of {ov['time/rollout_s']:.2f} s generation")
     out = ROOT / "results" / "gpu_train.jsonl"
     with out.open("a") as f:
         for r in rows:
             f.write(json.dumps({"date": time.strftime("%Y-%m-%d"), "overrides": base, **r}) + "\n")
+    assert ov["losses_equal_sequential"], f"rollout.overlap changed the losses: {seq['loss']} vs {ov['loss']}"
 
 
 if __name__ == "__main__":

@@ -62,6 +62,29 @@ class LaggedPolicy:
             self.version = v
         return self.module
 
+    def upcoming(self, policy_version: int) -> tuple[int, dict]:
+        """The version the step after the current one samples from, and its weights, while the
+        current step (the policy at ``policy_version``, before its update) has not trained yet:
+        ``max(0, policy_version + 1 - k)``, which with ``k >= 1`` is at most ``policy_version``, so it
+        exists already (the behaviour module's own, or a pending one). Used by ``rollout.overlap``
+        (:mod:`harness.overlap`) to start that step's generation early; nothing is changed here.
+
+        Returns:
+            (version, state dict): the state dict is :attr:`module`'s own tensors or a pending copy;
+            the caller copies it before the next :meth:`advance`.
+        Raises:
+            RuntimeError: the version is neither the behaviour module's nor pending (not reached
+                when :meth:`advance` was called after every update).
+        """
+        target = max(0, int(policy_version) + 1 - self.k)
+        if target == self.version:
+            return target, self.module.state_dict()
+        for v, state in self.pending:
+            if v == target:
+                return v, state
+        raise RuntimeError(f"weight version {target} is not held (behaviour version {self.version}, pending "
+                           f"{[v for v, _ in self.pending]})")
+
     def lag(self, policy_version: int) -> int:
         """Updates between the behaviour weights and the policy at ``policy_version``."""
         return int(policy_version) - self.version

@@ -27,6 +27,7 @@ from harness.distributed import full_weights, world
 from harness.evaluation import BY_OUTCOME, completion_len_by_outcome, evaluate
 from harness.health import HealthMonitor
 from harness.lora import base_state_dict, build_adapters, trainable_fraction, trainable_parameters
+from harness.overlap import OverlappedRollout
 from harness.perf import PeakMemory
 from harness.precision import compute_dtype
 from harness.rewards import RewardOutput, compute_rewards, process_step_rewards, shape_rewards
@@ -126,6 +127,8 @@ class Trainer:
         self.lagged = LaggedPolicy(policy, cfg.rollout.staleness) if cfg.rollout.staleness else None
         if self.lagged is not None:
             backend.sync_weights(self.lagged.module)
+        # rollout.overlap: the next step's batch is generated in a background thread (harness.overlap)
+        self.overlap = OverlappedRollout(self.lagged, backend, torch.get_num_threads()) if cfg.rollout.overlap else None
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
         t = cfg.train
         # lora=none: the whole policy trains and the reference is a frozen copy; lora=peft: only the
@@ -154,12 +157,13 @@ class Trainer:
         self._last: Optional[StepRecord] = None
 
     # ------------------------------------------------------------------- rollout
-    def _sampling(self) -> SamplingParams:
-        """Training sampling, seeded by (``seed``, data position): each draw of prompts gets its own
-        seed, the same after a resume and whatever ``rollout.batch_size`` or prefix sharing is."""
-        r = self.cfg.rollout
+    def _sampling(self, data_pos: Optional[int] = None) -> SamplingParams:
+        """Training sampling, seeded by (``seed``, data position; default: :attr:`data_pos`): each draw
+        of prompts gets its own seed, the same after a resume and whatever ``rollout.batch_size`` or
+        prefix sharing is."""
+        r, pos = self.cfg.rollout, self.data_pos if data_pos is None else data_pos
         return SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens,
-                              seed=self.cfg.seed * 1_000_003 + self.data_pos)
+                              seed=self.cfg.seed * 1_000_003 + pos)
 
     def collect(self):
         """Sample P prompts x G completions, score them and apply the group filter
@@ -174,9 +178,12 @@ class Trainer:
             (this rank's rollout batch, its reward output, its problems, info dict with global counts).
         """
         with full_weights(self.policy):  # sharded: every rank gathers the weights, even one with no prompts
-            return self._collect()
+            batch, rew, problems, info, self.data_pos = self._collect(self.data_pos)
+        return batch, rew, problems, info
 
-    def _collect(self):
+    def _collect(self, data_pos: int):
+        """:meth:`collect` from data position ``data_pos``, changing no state of the trainer (the
+        ``rollout.overlap`` worker runs it, :mod:`harness.overlap`); also returns the position after it."""
         cfg, G, P, w = self.cfg, self.cfg.group_size, self.cfg.train.prompts_per_step, self.world
         rounds = self.algo.group_filter.params.max_rounds
         kept, kept_rewards, kept_problems, t_roll, t_rew, sampled = [], [], [], 0.0, 0.0, 0
@@ -184,9 +191,9 @@ class Trainer:
         for round_ in range(rounds):
             need = P - kept_global
             share = w.shard(need)
-            problems = [self.task.train_problem(self.data_pos + i, cfg.seed) for i in share]
-            sampling = dataclasses.replace(self._sampling(), row_offset=share.start * G)
-            self.data_pos += need
+            problems = [self.task.train_problem(data_pos + i, cfg.seed) for i in share]
+            sampling = dataclasses.replace(self._sampling(data_pos), row_offset=share.start * G)
+            data_pos += need
             sampled += need
             batch = rew = None
             keep = torch.zeros(0, dtype=torch.bool)
@@ -226,6 +233,24 @@ class Trainer:
                 # updates between the weights that sampled (every row: one version) and the trained ones
                 "rollout/staleness_mean": float(self.lagged.lag(self.step)) if self.lagged is not None else 0.0,
                 "train/prompts_sampled": sampled, "perf/rollout_tokens": float(w.sum(generated))}
+        return batch, rew, problems, info, data_pos
+
+    def _next_batch(self):
+        """This step's rollouts (:meth:`collect`'s four), and ``time/rollout_wait_s`` in the info: the
+        seconds the step waited for them. ``rollout.overlap``: the batch the worker generated during the
+        previous step when one is pending (the wait is what was left of it), else collected now (the
+        wait is the whole collection); then the next step's generation starts (:mod:`harness.overlap`)."""
+        t0 = time.perf_counter()
+        if self.overlap is not None and self.overlap.pending:
+            version, (batch, rew, problems, info, self.data_pos), waited = self.overlap.take(self.data_pos)
+            # the worker read the step counter while this thread moved it: the lag of the version it sampled with
+            info["rollout/staleness_mean"] = float(self.step - version)
+        else:
+            batch, rew, problems, info = self.collect()
+            waited = time.perf_counter() - t0
+        info["time/rollout_wait_s"] = waited
+        if self.overlap is not None and self.step + 1 < self.cfg.train.steps:
+            self.overlap.submit(self._collect, self.data_pos, self.step)
         return batch, rew, problems, info
 
     def _score(self, batch: RolloutBatch, problems: list, n: int) -> RewardOutput:
@@ -264,7 +289,7 @@ class Trainer:
         -> weight sync -> metrics -> the KL and entropy controllers. Returns the step's metrics."""
         t_start = time.perf_counter()
         with progress.phase("rollout"):
-            batch, rew, problems, info = self.collect()
+            batch, rew, problems, info = self._next_batch()
         old, behaviour, ref, values, times = self._logprob_passes(batch)
         rewards = self._length_shaped(rew.rewards, batch.completion_mask, batch.prompt_mask)
         scores, token_rewards = shape_rewards(rewards, batch.loss_mask, old, ref, self.algo.kl, beta=self.kl_coef)
@@ -287,7 +312,8 @@ class Trainer:
         self._refresh_reference()
         with _timed(times, "time/weight_sync_s"):  # into the rollout engine (vLLM); the hf backend shares the module
             sampler = self.policy if self.lagged is None else self.lagged.advance(self.policy, self.step)  # stale: lagged
-            self.backend.sync_weights(sampler)
+            if self.overlap is None:  # overlapped: the worker syncs the next generation's weights itself
+                self.backend.sync_weights(sampler)
         times["time/step_s"] = time.perf_counter() - t_start
         metrics = step_metrics(StepOutputs(
             batch, rew, rewards, ctx.mask, adv.advantages, info, stats, self._controls(lr), times,
@@ -498,6 +524,8 @@ class Trainer:
         if self.lagged is None:
             yield
             return
+        if self.overlap is not None:  # the backend is the worker's until its generation is done
+            self.overlap.wait()
         self.backend.sync_weights(self.policy)
         try:
             yield
@@ -548,6 +576,8 @@ class Trainer:
                 self.save_checkpoint(finished=last)
             if due or last or not periodic:
                 self.tracker.flush()
+        if self.overlap is not None:
+            self.overlap.close()
         return history
 
     # ------------------------------------------------------------- checkpoint

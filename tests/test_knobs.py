@@ -179,6 +179,8 @@ KNOBS = {
     "rollout/hf.progress": book("progress bar"),
     "rollout/hf.share_prefix": speed("false"),
     "rollout/hf.staleness": math_(1, "rollout"),  # step 2 samples with the initial weights (tests/test_staleness.py)
+    # the next step's batch generated beside the update: the same batches (tests/test_overlap.py)
+    "rollout/hf.overlap": speed("true", "rollout.staleness=1"),
     # rollout=vllm (tests/test_vllm.py runs it end to end): each key reaches the engine or is refused
     "rollout/vllm.backend": refused("hf", "choose the backend with rollout=hf"),
     "rollout/vllm.temperature": check("check_vllm_sampling"),
@@ -189,6 +191,7 @@ KNOBS = {
     "rollout/vllm.progress": book("progress bar"),
     "rollout/vllm.share_prefix": check("check_vllm_engine"),
     "rollout/vllm.staleness": check("check_vllm_staleness"),
+    "rollout/vllm.overlap": check("check_vllm_overlap"),
     "rollout/vllm.dtype": check("check_vllm_engine"),
     "rollout/vllm.kv_cache_gib": check("check_vllm_engine"),
     "rollout/vllm.max_model_len": check("check_vllm_engine"),
@@ -827,6 +830,14 @@ def check_search_tool(key, tmp_path, monkeypatch):
     from tests.test_tools import check_search_params
 
     check_search_params(tmp_path)
+
+
+def check_vllm_overlap(key, tmp_path, monkeypatch):
+    """rollout=vllm, rollout.overlap=true: the engine generates from the worker thread and the run
+    equals overlap=false bit for bit (tests/test_vllm.py, marked vllm)."""
+    from tests.test_vllm import test_overlapped_stale_run_equals_sequential  # skips without vLLM
+
+    test_overlapped_stale_run_equals_sequential()
 
 
 def check_vllm_max_turns(key, tmp_path, monkeypatch):

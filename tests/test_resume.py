@@ -35,6 +35,9 @@ DETERMINISTIC = ["train/reward_mean", "train/loss", "train/grad_norm", "train/kl
 # a stale run (harness.staleness): the checkpoint holds the behaviour weights and the pending
 # versions; with k=2 a kill after step 1 or 2 resumes on the initial weights, after 3 on version 1
 STALE = ("rollout.staleness=2", "offpolicy=decoupled", "offpolicy.cap=null")
+# overlapped (harness.overlap): the killed run had the next step's batch in flight; the resumed one
+# collects its first step again from the checkpoint's data position and behaviour weights
+OVERLAP = (*STALE, "rollout.overlap=true")
 
 
 # lora: the checkpoint holds the adapters and their optimizer state only (harness.lora)
@@ -58,9 +61,9 @@ def _histories(tmp, name):
 
 
 @pytest.mark.parametrize("dtype, extra", [("float64", ()), pytest.param("float32", (), marks=pytest.mark.exactness),
-                                          ("float64", STALE),
+                                          ("float64", STALE), ("float64", OVERLAP),
                                           ("float64", LORA)],
-                         ids=["float64", "float32", "float64-stale", "float64-lora"])
+                         ids=["float64", "float32", "float64-stale", "float64-stale-overlap", "float64-lora"])
 def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path, dtype, extra):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     for name in ("a", "b"):
@@ -89,7 +92,7 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path, dtype, extra):
     assert [s for s, _ in hist_b["train/reward_mean"]] == [1, 2, 3, 4]  # none twice, none missing
     assert [s for s, _ in hist_b["eval/accuracy"]] == [0, 2, 4]
     assert run_a.data.params["model.dtype"] == dtype
-    if extra == STALE:  # the stale run was stale: steps 2, 3, 4 sampled with weights 1, 2, 2 updates old
+    if extra in (STALE, OVERLAP):  # the stale run was stale: steps 2, 3, 4 sampled with weights 1, 2, 2 updates old
         from mlflow.tracking import MlflowClient
         client = MlflowClient(f"sqlite:///{tmp_path}/b/mlflow.db")
         lags = [m.value for m in sorted(client.get_metric_history(run_b.info.run_id, "rollout/staleness_mean"),

@@ -7,7 +7,9 @@ under ``.ci/run`` (``HARNESS_REQUIRE_VLLM=1``), which installs it.
 
 from __future__ import annotations
 
+import copy
 import os
+import threading
 
 import pytest
 import torch
@@ -303,3 +305,55 @@ def test_two_ranks_with_one_vllm_engine_each_equal_one_process(tokenizer, tmp_pa
     assert "Invalid process group" not in proc.stdout + proc.stderr
     a, _ = assert_same(one, two, 2, folder, float32=True)
     assert a["tags"]["world_size"] == "1"
+
+
+def test_overlapped_stale_run_equals_sequential():
+    """rollout=vllm, rollout.staleness=1, rollout.overlap=true (harness.overlap): the engine
+    generates steps 2 and 3 in the worker thread (their weights reach it through reload_weights
+    from there) and the run equals overlap=false: every step's sampled ids and sampler log-probs,
+    every loss, bit for bit (one engine serves both runs; the same weights, seeds and thread counts
+    give the same bits)."""
+    from harness.run import build_components
+    from harness.trainer import Trainer
+    from harness.validate import validate
+    from tests.conftest import compose
+    from tests.knob_probe import MemoryTracker
+
+    base = ("model=tiny", "task=arith", "rollout=vllm", "rollout.progress=false", "rollout.kv_cache_gib=1",
+            "rollout.max_model_len=256", "model.tiny_config.hidden_size=128", "model.tiny_config.num_attention_heads=2",
+            "model.tiny_config.num_key_value_heads=1", "rollout.staleness=1", "train.steps=3",
+            "train.prompts_per_step=2", "group_size=4", "rollout.max_new_tokens=8", "eval.every=0", "eval.size=2",
+            "checkpoint.every=0", "train.lr=0.05", "advantage=reinforce", "advantage.baseline=none",
+            "overlong.buffer=7", "beta=0")
+    cfgs = {ov: compose(*base, f"rollout.overlap={ov}") for ov in ("false", "true")}
+    for cfg in cfgs.values():
+        validate(cfg)
+    task, tok, policy, critic, backend = build_components(cfgs["false"])
+    initial = copy.deepcopy(policy.state_dict())
+    runs = {}
+    try:
+        for ov, cfg in cfgs.items():
+            with torch.no_grad():
+                policy.load_state_dict(initial)  # the trainer syncs the engine from it
+            calls = []
+
+            class Recorder:
+                def generate(self, prompts, n, params):
+                    out = backend.generate(prompts, n, params)
+                    if n > 1:
+                        calls.append((out.completion_ids, out.sampler_logprobs, threading.current_thread().name))
+                    return out
+
+                def sync_weights(self, model):
+                    backend.sync_weights(model)
+
+            history = Trainer(cfg, task, tok, policy, Recorder(), MemoryTracker(), critic=critic).fit()
+            runs[ov] = calls, [history[s]["train/loss"] for s in (1, 2, 3)]
+    finally:
+        backend.close()
+    (seq, seq_loss), (ov, ov_loss) = runs["false"], runs["true"]
+    assert [c[2] for c in seq] == ["MainThread"] * 3
+    assert [c[2].startswith("rollout-overlap") for c in ov] == [False, True, True]
+    for i, (a, b) in enumerate(zip(seq, ov)):
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]), f"step {i + 1}'s rollouts differ"
+    assert ov_loss == seq_loss and len(set(seq_loss)) == 3

@@ -44,6 +44,9 @@ FAST_TESTS = {
     "test_staleness.py::test_decoupled_weight_by_hand",
     "test_staleness.py::test_decoupled_loss_by_hand",
     "test_staleness.py::test_refused",
+    "test_overlap.py::test_upcoming_is_the_next_advance",
+    "test_overlap.py::test_refused",
+    "test_overlap.py::test_refused_with_vllm_sleep",
 }
 # tests of fast modules that run whole jobs or start the CLI (10-110 s each under load, measured)
 SLOW_TESTS = {

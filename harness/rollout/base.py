@@ -40,6 +40,9 @@ class RolloutConfig:
     share_prefix: bool = True  # prefill each distinct prompt once, copy its KV cache to the group
     # sample step t's rollouts with the weights of k updates ago (harness.staleness; 0 = on-policy)
     staleness: int = 0
+    # with staleness >= 1: generate the next step's rollouts in a background thread while this step
+    # trains (harness.overlap); the same batches as overlap=false, same seeds
+    overlap: bool = False
     max_turns: int = 4  # with a tool (tools=...): model turns per episode; max_new_tokens bounds them all
 
 
