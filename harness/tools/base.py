@@ -32,12 +32,15 @@ class NoToolConfig:
 
 @dataclass
 class ToolConfig:
-    """The fields every tool has (a tool's params subclass it): the call format (the model writes ``call_open`` + input +
-    ``call_close``; generation stops at ``call_close`` and the harness appends ``result_open`` +
-    output + ``result_close``) and the bounds on one call.
+    """The fields every tool has (a tool's params subclass it): the call format (``format=tags``: the
+    model writes ``call_open`` + input + ``call_close``; generation stops at ``call_close`` and the
+    harness appends ``result_open`` + output + ``result_close``; ``format=chat_template``: the
+    tokenizer's chat template's tool messages and hermes ``<tool_call>`` JSON, the four tags unused,
+    see :mod:`harness.tools.formats`) and the bounds on one call.
     """
 
     name: str = ""  # each registered tool's own name
+    format: str = "tags"  # tags | chat_template (harness.tools.formats)
     call_open: str = "<calc>"
     call_close: str = "</calc>"  # the stop string of a turn
     result_open: str = "<result>"
@@ -101,6 +104,11 @@ class ToolRunner:
         if len(out) > p.max_output_chars:
             return Observation(f"error: output longer than {p.max_output_chars} characters", True)
         return Observation(out, False)
+
+    def schema(self) -> dict | None:
+        """The tool's JSON schema (OpenAI function-calling style, what ``apply_chat_template(...,
+        tools=[schema])`` renders), or None for a tool without one."""
+        return self.tool.schema() if hasattr(self.tool, "schema") else None
 
     def error(self, message: str) -> Observation:
         """An error observation with ``message`` (cut to ``MAX_ERROR_CHARS``)."""
