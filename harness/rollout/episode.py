@@ -68,6 +68,8 @@ class EpisodeRollout:
         self.backend.sync_weights(model)
 
     def close(self) -> None:
+        """Close the tool's runner (its worker thread) and the backend (a vLLM engine)."""
+        self.tool.close()
         if hasattr(self.backend, "close"):
             self.backend.close()
 
