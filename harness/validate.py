@@ -21,6 +21,7 @@ from harness.errors import ConfigError  # defined there for harness.tracking; ra
 from harness.rollout import BACKENDS
 from harness.tasks import TASKS
 from harness.tools import TOOLS
+from harness.tools.formats import FORMATS
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +155,13 @@ def validate(cfg) -> None:
     if cfg.tools.name == "none":  # episodes only run with a tool
         _unread(cfg.rollout, "rollout", schema, ["max_turns"], "tools=none rolls out one turn (tools=calculator or "
                 "tools=search run episodes of up to rollout.max_turns turns)")
+    else:
+        _choice("tools.format", cfg.tools.format, FORMATS)
+        if cfg.tools.format == "chat_template":
+            _unread(cfg.tools, "tools", TOOLS.spec(cfg.tools.name).params,
+                    ["call_open", "call_close", "result_open", "result_close"],
+                    "tools.format=chat_template writes calls as <tool_call> JSON and observations as the chat "
+                    "template's tool messages (those keys are tools.format=tags')")
     _check(cfg.rollout.max_turns >= 1, f"rollout.max_turns={cfg.rollout.max_turns}: expected >= 1")
     for key in ("steps", "prompts_per_step", "micro_batch_size", "logprob_chunk", "max_bad_steps"):
         _check(cfg.train[key] >= 1, f"train.{key}={cfg.train[key]}: expected >= 1")

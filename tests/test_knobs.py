@@ -206,6 +206,8 @@ KNOBS = {
     "tools/calculator.call_close": math_("a", "rollout", "tools.call_open=", "rollout.max_new_tokens=40"),
     "tools/calculator.result_open": math_("'<r>'", "rollout", *ANY_E),  # quoted: < is Hydra grammar
     "tools/calculator.result_close": math_("R", "rollout", *ANY_E),
+    # chat_template: the shots become chat turns (the prompt) and a turn ends at EOS only (test_tool_chat.py)
+    "tools/calculator.format": math_("chat_template", "rollout", "tools=calculator"),
     # the tiny model's probe run makes no call whose input length decides anything: checked on the runner
     "tools/calculator.max_input_chars": check("check_tool_bounds"),
     "tools/calculator.max_output_chars": check("check_tool_bounds"),
@@ -213,7 +215,7 @@ KNOBS = {
     "tools/calculator.max_digits": check("check_tool_bounds"),
     **{f"tools/search.{k}": check("check_search_tool") for k in (
         "call_open", "call_close", "result_open", "result_close", "max_input_chars", "max_output_chars", "timeout_s",
-        "path", "text_key", "top_k", "passage_chars")},
+        "path", "text_key", "top_k", "passage_chars", "format")},
     # ---------------------------------------------------------------- rollout-training mismatch
     # (on the hf backend sampler and trainer differ by ~1e-6, so ratios sit on both sides of 1)
     "rollout_correction": math_("token_mask", "loss", "rollout_correction.cap=1.0"),

@@ -365,7 +365,8 @@ changed = {"call_open": dict(call_open="France"), "call_close": dict(call_close=
            "result_open": dict(result_open="<r>"), "result_close": dict(result_close="</r>"),
            "max_input_chars": dict(max_input_chars=3), "max_output_chars": dict(max_output_chars=5),
            "path": dict(path=other), "text_key": dict(path=other, text_key="body"),
-           "top_k": dict(top_k=1), "passage_chars": dict(passage_chars=5)}
+           "top_k": dict(top_k=1), "passage_chars": dict(passage_chars=5),
+           "format": dict(format="chat_template")}  # the scripted turn has no EOS: under chat_template no call
 out = {"base": base, **{k: episode(**kw) for k, kw in changed.items()}}
 import time
 from harness.tools import search

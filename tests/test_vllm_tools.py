@@ -55,3 +55,33 @@ def test_hf_and_vllm_give_the_same_episode_at_temperature_0(tokenizer):
     assert torch.equal(a.observation_mask, b.observation_mask)
     assert {k: v.tolist() for k, v in a.episode.items()} == {k: v.tolist() for k, v in b.episode.items()}
     assert a.texts == b.texts and torch.equal(a.truncated, b.truncated)
+
+
+def test_hf_and_vllm_give_the_same_chat_template_episode_at_temperature_0(tokenizer):
+    """``tools.format=chat_template``: after a forced hermes call (turn 0, the tiny model never
+    writes one) and the template's tool message, both backends continue from the same ids with
+    no stop string (EOS or budget only) and give the same episode, id for id."""
+    from harness.tools.formats import build_format
+    from tests.test_tool_chat import CALL_12x7, CHAT, SMOL_84, ForcedFirstTurn
+    from tests.test_tools import _ids
+
+    model = _tiny(tokenizer, eos=False)
+    tool = build_tool(CHAT)
+    first = _ids(tokenizer, CALL_12x7) + [tokenizer.eos_token_id]
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=64)
+    hf = ForcedFirstTurn(build_backend("hf", model, tokenizer, progress=False), first)
+    eng = build_backend("vllm", model, tokenizer, progress=False, kv_cache_gib=1, max_model_len=512)
+    try:
+        vl = ForcedFirstTurn(eng, first)
+        a = EpisodeRollout(hf, tokenizer, tool, max_turns=2).generate(PROMPTS, 1, greedy)
+        b = EpisodeRollout(vl, tokenizer, tool, max_turns=2).generate(PROMPTS, 1, greedy)
+    finally:
+        eng.close()
+    assert build_format(tool, tokenizer).stop is None and hf.calls[1][1] is None and vl.calls[1][1] is None
+    obs = _ids(tokenizer, SMOL_84)
+    n = len(first) + len(obs)
+    assert a.completion_ids[:, :n].tolist() == [first + obs] * len(PROMPTS)
+    assert int(a.completion_mask.sum()) > n * len(PROMPTS)  # the model sampled after the observation
+    assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.completion_mask, b.completion_mask)
+    assert torch.equal(a.observation_mask, b.observation_mask) and a.texts == b.texts
+    assert {k: v.tolist() for k, v in a.episode.items()} == {k: v.tolist() for k, v in b.episode.items()}

@@ -47,6 +47,13 @@ FAST_TESTS = {
     "test_overlap.py::test_upcoming_is_the_next_advance",
     "test_overlap.py::test_refused",
     "test_overlap.py::test_refused_with_vllm_sleep",
+    # tools.format=chat_template by hand (scripted turns, no model) and the tool runner's daemon worker
+    *(f"test_tool_chat.py::{t}" for t in (
+        "test_render_delta_of_smollm2s_template", "test_render_delta_of_a_qwen_style_template",
+        "test_format_tags_is_unchanged", "test_config_refuses_an_unknown_format_and_the_unread_tags",
+        "test_hand_checked_chat_episode", "test_bad_calls_are_counted_error_observations",
+        "test_two_calls_in_a_turn_and_the_episodes_ends")),
+    "test_tool_exit.py::test_a_hung_call_leaves_no_thread_that_blocks_exit",
 }
 # tests of fast modules that run whole jobs or start the CLI (10-110 s each under load, measured)
 SLOW_TESTS = {

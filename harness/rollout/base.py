@@ -177,13 +177,13 @@ class RolloutBackend(Protocol):
         """Load the policy's current weights (no-op when the backend shares the module)."""
         ...
 
-    def sample_ids(self, rows: list[list[int]], params: SamplingParams, max_new: list[int], stop: str,
+    def sample_ids(self, rows: list[list[int]], params: SamplingParams, max_new: list[int], stop: str | None,
                    row_index: list[int]) -> list["Sample"]:
         """One model turn of an episode (:mod:`harness.rollout.episode`): token ids in, token ids out.
 
         Row ``i`` continues ``rows[i]`` (prompt + earlier turns' ids, unpadded) by at most
         ``max_new[i]`` tokens, stopping after EOS or after the token that completes the text
-        ``stop``; seeded by ``params.seed`` and ``row_index[i]`` as :class:`SamplingParams` says.
+        ``stop`` (None: EOS only); seeded by ``params.seed`` and ``row_index[i]`` as :class:`SamplingParams` says.
         """
         ...
 
@@ -204,11 +204,11 @@ class Sample:
     stop: str
 
 
-def end_of_turn(ids: list[int], eos_ids: set[int], stop: str, tokenizer, max_new: int) -> tuple[int, str]:
+def end_of_turn(ids: list[int], eos_ids: set[int], stop: str | None, tokenizer, max_new: int) -> tuple[int, str]:
     """Where a turn's sampled ``ids`` end: ``(length, reason)``.
 
     The turn ends at the first EOS (kept), else at the first token whose arrival makes the decoded
-    text of the turn contain ``stop`` (kept; a token may carry text past the stop string, it is
+    text of the turn contain ``stop`` (None: no stop string; kept; a token may carry text past the stop string, it is
     kept whole: the ids are never re-tokenized), else after ``max_new`` tokens. Both backends cut
     their output with this rule, so a turn is the same tokens whichever backend sampled it.
 
@@ -220,6 +220,8 @@ def end_of_turn(ids: list[int], eos_ids: set[int], stop: str, tokenizer, max_new
     for k, t in enumerate(ids):
         if t in eos_ids:
             return k + 1, "eos"
+        if not stop:
+            continue
         # a token can complete the stop string only if it adds text: decode the tail once it might
         text = tokenizer.decode(ids[: k + 1])
         if len(text) != text_len and stop in text[max(0, text_len - len(stop)) :]:

@@ -1,9 +1,13 @@
 """Multi-turn episode rollouts with a tool (``tools=calculator`` / ``search``), on any backend.
 
 An episode is up to ``rollout.max_turns`` model turns. A turn samples until EOS, until the model
-closes a tool call (the stop string ``tools.call_close``) or until the episode's budget; after a
-closed call the harness runs the tool (:class:`harness.tools.ToolRunner`) and appends the
-observation ``result_open + output + result_close``, and the next turn continues from there.
+closes a tool call or until the episode's budget; after a turn that made a call the harness runs
+the tool (:class:`harness.tools.ToolRunner`) and appends the observation, and the next turn
+continues from there. ``tools.format`` (:mod:`harness.tools.formats`) says what a call and an
+observation look like: ``tags`` (the default) stops a turn at the stop string ``tools.call_close``
+and appends ``result_open + output + result_close``; ``chat_template`` reads hermes
+``<tool_call>`` JSON from a turn that ended at EOS and appends the chat template's tool message and
+next generation prompt.
 One budget, ``rollout.max_new_tokens``, bounds the model's and the observations' tokens together
 (an observation that does not fit is cut and ends the episode).
 
@@ -30,6 +34,7 @@ import torch
 from harness.rollout.base import RolloutBatch, SamplingParams
 from harness.rollout.hf import row_seed
 from harness.tools import ToolRunner
+from harness.tools.formats import build_format
 
 
 def turn_seed(seed: int | None, turn: int) -> int | None:
@@ -56,23 +61,17 @@ class EpisodeRollout:
         if max_turns < 1:
             raise ValueError(f"rollout.max_turns={max_turns}: expected >= 1")
         self.backend, self.tokenizer, self.tool, self.max_turns = backend, tokenizer, tool, max_turns
+        self.format = build_format(tool, tokenizer)  # tools.format: how calls are read and observations written
         self.eos_ids = backend.eos_ids
 
     def sync_weights(self, model) -> None:
         self.backend.sync_weights(model)
 
     def close(self) -> None:
+        """Close the tool's runner (its worker thread) and the backend (a vLLM engine)."""
+        self.tool.close()
         if hasattr(self.backend, "close"):
             self.backend.close()
-
-    def call_text(self, turn_ids: list[int]) -> str | None:
-        """The input of the call a turn closed: the text between the last ``call_open`` and the
-        ``call_close`` that ended the turn; None when the turn has no ``call_open`` before it."""
-        p = self.tool.params
-        text = self.tokenizer.decode(turn_ids)
-        head = text[: text.find(p.call_close)]
-        start = head.rfind(p.call_open)
-        return None if start < 0 else head[start + len(p.call_open) :]
 
     @torch.no_grad()
     def generate(self, prompts: list[str], num_samples: int, params: SamplingParams) -> RolloutBatch:
@@ -86,7 +85,7 @@ class EpisodeRollout:
             raise ValueError(f"need prompts and num_samples >= 1, got {len(prompts)} prompts, {num_samples}")
         if params.top_p < 1:
             raise ValueError(f"top_p={params.top_p}: the trainer scores the full softmax; use top_p=1")
-        tok, budget, stop = self.tokenizer, params.max_new_tokens, self.tool.params.call_close
+        tok, budget, stop = self.tokenizer, params.max_new_tokens, self.format.stop
         rows = [p for p in prompts for _ in range(num_samples)]
         enc = tok(rows, return_tensors="pt", padding=True, add_special_tokens=False)  # as the backends
         prompt_ids = [list(x) for x in tok(prompts, add_special_tokens=False)["input_ids"]]
@@ -110,21 +109,20 @@ class EpisodeRollout:
                 logps[r] += s.logprobs if s.logprobs is not None else [0.0] * len(s.ids)
                 turns[r] += 1
                 eos[r] = s.stop == "eos"
-                if s.stop != "stop" or t == self.max_turns - 1 or len(ids[r]) >= budget:
+                made = self.format.calls(s.ids, s.stop)  # None: no call, the episode's answer ends here
+                if made is None or t == self.max_turns - 1 or len(ids[r]) >= budget:
                     done[r] = True
+                    eos[r] = eos[r] and made is None  # a call left unanswered is a truncated episode
                     continue
-                call = self.call_text(s.ids)
-                if call is None:
-                    observation = self.tool.error(f"no {self.tool.params.call_open} before {stop}")
-                else:
-                    observation = self.tool.observe(call)
-                calls[r] += 1
-                errors[r] += int(observation.error)
-                o = list(tok(self.tool.wrap(observation), add_special_tokens=False)["input_ids"])
+                observations = [self.tool.observe(c) if isinstance(c, str) else c for c in made]
+                calls[r] += len(observations)
+                errors[r] += sum(o.error for o in observations)
+                o = list(tok(self.format.observation(observations), add_special_tokens=False)["input_ids"])
                 o = o[: budget - len(ids[r])]
                 ids[r] += o
                 obs[r] += [1] * len(o)
                 logps[r] += [0.0] * len(o)
+                eos[r] = False  # the episode goes on (or its budget ran out in the observation)
                 done[r] = len(ids[r]) >= budget
         tc = max(1, max(len(x) for x in ids))
         completion = torch.full((B, tc), tok.pad_token_id, dtype=torch.long)

@@ -233,7 +233,7 @@ class HFRollout:
                             mask.cpu(), truncated.cpu(), texts, group_size, sampler)
 
     @torch.no_grad()
-    def sample_ids(self, rows: list[list[int]], params: SamplingParams, max_new: list[int], stop: str,
+    def sample_ids(self, rows: list[list[int]], params: SamplingParams, max_new: list[int], stop: str | None,
                    row_index: list[int]) -> list[Sample]:
         """One episode turn per row (:meth:`harness.rollout.base.RolloutBackend.sample_ids`): the
         rows left-padded into ``generate`` calls of ``batch_size``, each run for the largest
@@ -268,7 +268,8 @@ class HFRollout:
         seq = self.model.generate(
             input_ids=ids, attention_mask=mask, max_new_tokens=max(max_new), pad_token_id=pad,
             eos_token_id=sorted(self.eos_ids), logits_processor=LogitsProcessorList(processors),
-            stopping_criteria=StoppingCriteriaList([_StopOnText(self.tokenizer, stop, width)]), synced_gpus=False,
+            stopping_criteria=StoppingCriteriaList([_StopOnText(self.tokenizer, stop, width)] if stop else []),
+            synced_gpus=False,
             **kwargs)
         completion = seq[:, width:].cpu()
         logps = recorder.finish(completion) if recorder is not None and completion.shape[1] else None

@@ -192,7 +192,7 @@ class VLLMRollout:
                             num_samples, sampler_logprobs=None if greedy else sampler * mask)
 
     @torch.no_grad()
-    def sample_ids(self, rows: list[list[int]], params: SamplingParams, max_new: list[int], stop: str,
+    def sample_ids(self, rows: list[list[int]], params: SamplingParams, max_new: list[int], stop: str | None,
                    row_index: list[int]) -> list[Sample]:
         """One episode turn per row (:meth:`harness.rollout.base.RolloutBackend.sample_ids`): one
         request per row (``n=1``, seeded by ``row_seed(seed, row_index)``), stopping on EOS or the
@@ -203,7 +203,8 @@ class VLLMRollout:
         sampling = [self._vllm.SamplingParams(
             n=1, temperature=params.temperature, top_p=1.0, top_k=-1, max_tokens=m, logprobs=0,
             seed=None if params.seed is None or greedy else row_seed(params.seed, i),
-            stop=[stop], include_stop_str_in_output=True, stop_token_ids=sorted(self.eos_ids), skip_special_tokens=False)
+            stop=[stop] if stop else None, include_stop_str_in_output=True, stop_token_ids=sorted(self.eos_ids),
+            skip_special_tokens=False)
             for m, i in zip(max_new, row_index)]
         outs = self.llm.generate([{"prompt_token_ids": r} for r in rows], sampling, use_tqdm=False)
         if self.sleep_between:

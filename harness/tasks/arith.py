@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from harness.tasks.base import TASKS, Problem, Shot, Task, TaskConfig
+from harness.tools.formats import hermes_call
 
 NAMES = ["Ana", "Ben", "Chen", "Dara", "Eli", "Fatima", "Gus", "Hana", "Ivan", "Jo", "Kofi", "Lena"]
 ITEMS = ["apples", "stickers", "marbles", "books", "coins", "pencils", "cards", "shells", "stamps"]
@@ -74,6 +75,17 @@ def worked_answer(steps: list[str], answer: int, tool=None) -> str:
     return "\n".join(steps) + f"\n#### {answer}"
 
 
+def chat_turns(steps: list[str], answer: int, tool) -> tuple:
+    """A worked example as chat turns (``tools.format=chat_template``): per step an assistant turn
+    with one hermes call of its left-hand side (:func:`harness.tools.formats.hermes_call`) and the
+    tool message with the observation, then the assistant's answer (:func:`worked_answer`)."""
+    turns = []
+    for lhs in (s.split(" = ")[0] for s in steps):
+        turns.append({"role": "assistant", "content": hermes_call(tool.schema(), lhs)})
+        turns.append({"role": "tool", "name": tool.params.name, "content": tool.observe(lhs).text})
+    return (*turns, {"role": "assistant", "content": worked_answer(steps, answer)})
+
+
 @dataclass
 class ArithTaskConfig(TaskConfig):
     """Procedurally generated arithmetic word problems (no data files needed)."""
@@ -108,9 +120,13 @@ class ArithTask(Task):
         self.train = ()
 
     def use_tool(self, tool) -> None:
-        """The worked examples (their own seed namespace), showing ``tool``'s calls when given."""
+        """The worked examples (their own seed namespace), showing ``tool``'s calls when given: in
+        its tags (:func:`worked_answer`), or under ``tools.format=chat_template`` as chat turns
+        (:func:`chat_turns`)."""
+        super().use_tool(tool)
+        chat = self.tool_schemas is not None
         self.shots = tuple(
-            Shot(q, worked_answer(steps, a, tool))
+            Shot(q, worked_answer(steps, a, None if chat else tool), chat_turns(steps, a, tool) if chat else ())
             for q, a, steps in (
                 make_problem(random.Random(f"shot-{self.cfg.seed}-{i}"), *self._gen_args) for i in range(4)
             )

@@ -54,10 +54,16 @@ class Problem:
 
 @dataclass(frozen=True)
 class Shot:
-    """A worked example shown to the model as a user/assistant turn before the question."""
+    """A worked example shown to the model as a user/assistant turn before the question.
+
+    ``turns``: when not empty, the messages shown after the question instead of one assistant
+    message with ``answer`` (a worked example with tool calls under ``tools.format=chat_template``:
+    assistant calls, tool messages, the final answer).
+    """
 
     question: str
     answer: str
+    turns: tuple = ()
 
 
 class Task:
@@ -71,6 +77,7 @@ class Task:
     name: str = "base"
     verifier_kind: str = "gsm8k"
     shots: Sequence[Shot] = ()
+    tool_schemas: Optional[list] = None  # tools=... tools.format=chat_template: the prompt's tools=[schema]
 
     def __init__(self, cfg):
         self.cfg = cfg
@@ -133,9 +140,12 @@ class Task:
                             self.name, p.gold, p.id)
 
     def use_tool(self, tool) -> None:
-        """Rollouts run with ``tool`` (a :class:`harness.tools.ToolRunner`): a task whose worked
-        examples can show a call rewrites them here (:class:`harness.tasks.arith.ArithTask`); by
-        default the examples stay as they are."""
+        """Rollouts run with ``tool`` (a :class:`harness.tools.ToolRunner`, or None): under
+        ``tools.format=chat_template`` the prompt carries its JSON schema (``apply_chat_template(...,
+        tools=[schema])``). A task whose worked examples can show a call rewrites them in its
+        override (:class:`harness.tasks.arith.ArithTask`); by default the examples stay as they are."""
+        chat = tool is not None and tool.params.format == "chat_template"
+        self.tool_schemas = [tool.schema()] if chat else None
 
     # --------------------------------------------------------------------- prompt
     def messages(self, problem: Problem) -> list[dict]:
@@ -145,14 +155,15 @@ class Task:
             msgs.append({"role": "system", "content": self.cfg.system_prompt})
         for shot in list(self.shots)[: self.cfg.num_shots]:
             msgs.append({"role": "user", "content": self.cfg.instruction.format(question=shot.question)})
-            msgs.append({"role": "assistant", "content": shot.answer})
+            msgs.extend(shot.turns or [{"role": "assistant", "content": shot.answer}])
         msgs.append({"role": "user", "content": self.cfg.instruction.format(question=problem.question)})
         return msgs
 
     def prompt(self, problem: Problem, tokenizer) -> str:
-        """The prompt text through the tokenizer's chat template (generation prompt added)."""
+        """The prompt text through the tokenizer's chat template (generation prompt added; the
+        tool's schema when :meth:`use_tool` set one)."""
         return tokenizer.apply_chat_template(
-            self.messages(problem), tokenize=False, add_generation_prompt=True
+            self.messages(problem), tools=self.tool_schemas, tokenize=False, add_generation_prompt=True
         )
 
     # -------------------------------------------------------------------- scoring

@@ -37,6 +37,14 @@ class Calculator:
     def __init__(self, params: CalculatorConfig):
         self.params = params
 
+    def schema(self) -> dict:
+        """The function schema shown to a chat template (``tools.format=chat_template``): one string argument."""
+        return {"type": "function", "function": {
+            "name": self.params.name,
+            "description": "Evaluate an arithmetic expression exactly (+ - * / ^ and parentheses).",
+            "parameters": {"type": "object", "required": ["expression"], "properties": {
+                "expression": {"type": "string", "description": "the expression, e.g. 12*7"}}}}}
+
     def __call__(self, expr: str) -> str:
         value = safe_eval(expr.replace("**", "^"))
         if value is None:

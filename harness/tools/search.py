@@ -64,6 +64,14 @@ class Search:
         self.index = bm25s.BM25()
         self.index.index(bm25s.tokenize(self.docs, stopwords="en", show_progress=False), show_progress=False)
 
+    def schema(self) -> dict:
+        """The function schema shown to a chat template (``tools.format=chat_template``): one string argument."""
+        return {"type": "function", "function": {
+            "name": self.params.name,
+            "description": f"Search a document collection; returns up to {self.params.top_k} passages.",
+            "parameters": {"type": "object", "required": ["query"], "properties": {
+                "query": {"type": "string", "description": "the search query"}}}}}
+
     def __call__(self, query: str) -> str:
         p = self.params
         tokens = self._bm25s.tokenize([query], stopwords="en", show_progress=False, return_ids=False)
