@@ -238,6 +238,48 @@ def test_lora_weight_sync_sends_the_merged_weights(tokenizer):
         backend.close()
 
 
+def test_lora_adapter_sync_serves_the_current_adapter_version(tokenizer):
+    """lora=peft, rollout.lora_sync=adapter: the engine holds the base weights and serves the adapters
+    as a LoRARequest (harness.rollout.vllm_lora). Before a sync the engine samples with the old
+    adapter version (a skipped sync would be seen); after each sync its greedy tokens are the adapted
+    policy's (the hf backend's, sharing the module), its log-probs the trainer's to the merged sync's
+    tolerance (2e-4), and the one adapter it holds is the new version."""
+    from harness.lora import LoraConfig, PeftLora
+
+    model = PeftLora(LoraConfig(r=4)).apply(_tiny(tokenizer, seed=1, eos=False))
+    backend = build_backend("vllm", model, tokenizer, progress=False, kv_cache_gib=1, max_model_len=512,
+                            lora_sync="adapter")
+    hf = build_backend("hf", model, tokenizer, progress=False)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=16)
+    engine = backend.llm.llm_engine
+    try:
+        assert engine.vllm_config.lora_config.max_lora_rank == 8  # r=4, padded to vLLM's next rank
+        assert backend.adapter.version == 1 and engine.list_loras() == {1}
+        before = backend.generate(PROMPTS, 1, greedy)
+        assert torch.equal(before.completion_ids, hf.generate(PROMPTS, 1, greedy).completion_ids)
+        for version, seed in ((2, 5), (3, 6)):
+            with torch.no_grad():  # a large adapter update
+                torch.manual_seed(seed)
+                for n, p in model.named_parameters():
+                    if ".lora_B." in n:
+                        p.copy_(torch.randn_like(p) * 0.5)
+            fresh_hf = hf.generate(PROMPTS, 1, greedy)
+            assert not torch.equal(fresh_hf.completion_ids, before.completion_ids)
+            stale = backend.generate(PROMPTS, 1, greedy)
+            assert torch.equal(stale.completion_ids, before.completion_ids)  # not synced yet: the old version
+            backend.sync_weights(model)
+            assert backend.adapter.version == version and engine.list_loras() == {version}
+            assert backend.adapter.request.lora_int_id == version
+            after = backend.generate(PROMPTS, 1, greedy)
+            assert torch.equal(after.completion_ids, fresh_hf.completion_ids)
+            batch = backend.generate(PROMPTS, 2, SamplingParams(temperature=0.7, max_new_tokens=16, seed=11))
+            m = batch.completion_mask.bool()
+            assert float((batch.sampler_logprobs - _trainer_logprobs(model, batch, 0.7))[m].abs().max()) < 2e-4
+            before = after
+    finally:
+        backend.close()
+
+
 @pytest.mark.parametrize("lora", ["none", "peft"])
 def test_two_step_training_run_with_vllm(run_dir, lora):
     """The trainer end to end with rollout=vllm (tiny model with a head size vLLM supports), eval
