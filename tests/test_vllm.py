@@ -345,3 +345,20 @@ def test_two_ranks_with_one_vllm_engine_each_equal_one_process(tokenizer, tmp_pa
     assert "Invalid process group" not in proc.stdout + proc.stderr
     a, _ = assert_same(one, two, 2, folder, float32=True)
     assert a["tags"]["world_size"] == "1"
+
+
+def test_gpu_rollout_lora_section_dry_run(tmp_path):
+    """benchmarks/gpu_rollout.py's LoRA sync section, dry-run on CPU (--device cpu --tiny): one row
+    per sync mode, each adapter version served (the sampler's log-probs are the updated policy's to
+    the engine-vs-trainer tolerance, 2e-4), and the adapter mode sends far less than the merged one."""
+    import json
+
+    from benchmarks import gpu_rollout
+
+    out = tmp_path / "rows.jsonl"
+    assert gpu_rollout.main(["--device", "cpu", "--tiny", "--sections", "lora", "--prompts", "2", "--group-size", "2",
+                             "--new-tokens", "8", "--lora-steps", "2", "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["backend"], r["lora_sync"]) for r in rows] == [("lora_sync", "merged"), ("lora_sync", "adapter")]
+    assert all(len(r["sync_s_each"]) == 2 and r["logprob_diff_max"] < 2e-4 for r in rows)
+    assert rows[1]["adapter_mib"] < rows[0]["merged_mib"] / 50
