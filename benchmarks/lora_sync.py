@@ -38,6 +38,17 @@ ROOT = Path(__file__).resolve().parents[1]
 QUESTION = "What is {a} + {b}? Answer with the number."
 
 
+def cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else ``platform.processor()``."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def new_adapters(model: torch.nn.Module, seed: int, scale: float) -> None:
     """Draw every ``lora_B`` of ``model`` anew (``N(0, scale^2)``, generator seeded by ``seed``)."""
     g = torch.Generator().manual_seed(seed)
@@ -136,7 +147,7 @@ def main(argv=None) -> int:
                                        tokenize=False, add_generation_prompt=True) for i in range(a.prompts)]
     params = SamplingParams(temperature=1.0, max_new_tokens=a.new_tokens, seed=0)
     rows = measure(model, tok, prompts, a.group_size, params, a.steps, dict(kv_cache_gib=1, max_model_len=512))
-    meta = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.processor() or platform.machine()}, "
+    meta = {"date": time.strftime("%Y-%m-%d"), "machine": f"{cpu_name()}, {torch.backends.cpu.get_cpu_capability()}, "
             f"{torch.get_num_threads()} threads", "model": "tiny" if a.tiny else EMBEDDED_NAME, "lora_r": a.rank,
             "dtype": "float32"}
     with Path(a.out).open("a") as f:

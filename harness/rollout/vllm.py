@@ -6,7 +6,9 @@ the embedded model or a tiny random one alike; after every optimizer step
 :meth:`VLLMRollout.sync_weights` loads the policy's current weights into it through vLLM's
 ``reload_weights`` worker call (``LLM.collective_rpc``), which works on vLLM's CPU path too
 (calling the engine model's ``load_weights`` directly, as TRL's colocate mode does, fails there:
-the CPU path repacks the GEMM weights for oneDNN and drops the originals).
+the CPU path repacks the GEMM weights for oneDNN and drops the originals). With ``lora=peft``
+and ``rollout.lora_sync=adapter`` the engine serves the base weights with LoRA on and each sync
+sends only the adapters, as a new ``LoRARequest`` version (:mod:`harness.rollout.vllm_lora`).
 
 What comes out is the same :class:`harness.rollout.RolloutBatch` as the ``hf`` backend's (the
 same prompt token ids, left-padded; completions up to and including the first EOS), plus the
