@@ -280,12 +280,14 @@ def test_lora_adapter_sync_serves_the_current_adapter_version(tokenizer):
         backend.close()
 
 
-@pytest.mark.parametrize("lora", ["none", "peft"])
+@pytest.mark.parametrize("lora", ["none", "peft", "peft-adapter"])
 def test_two_step_training_run_with_vllm(run_dir, lora):
     """The trainer end to end with rollout=vllm (tiny model with a head size vLLM supports), eval
-    through the same backend, mismatch metrics logged; with LoRA too (merged weights synced)."""
+    through the same backend, mismatch metrics logged; with LoRA too (merged weights synced, or the
+    adapters alone with rollout.lora_sync=adapter: step 2's sampler is the updated policy)."""
+    sync = ["rollout.lora_sync=adapter"] if lora == "peft-adapter" else []
     acc, run, history = run_job(
-        "rollout=vllm", f"lora={lora}", "rollout.kv_cache_gib=1", "rollout.max_model_len=512",
+        "rollout=vllm", f"lora={lora.split('-')[0]}", *sync, "rollout.kv_cache_gib=1", "rollout.max_model_len=512",
         "model.tiny_config.hidden_size=128", "model.tiny_config.num_attention_heads=2",
         "model.tiny_config.num_key_value_heads=1", "model.tiny_config.intermediate_size=256",
     )
