@@ -79,7 +79,7 @@ class VLLMRollout:
             cache; GPU only), ``kv_cache_gib`` (KV cache size on CPU in whole GiB, sets
             ``VLLM_CPU_KVCACHE_SPACE``; CPU only), ``max_model_len`` (prompt + completion tokens
             per sequence), ``enforce_eager`` (no CUDA graphs / compilation: faster start, slower
-            decode on GPU) and ``sleep`` (free the engine's GPU memory between rollouts, vLLM sleep
+            decode on GPU), ``sleep`` (free the engine's GPU memory between rollouts, vLLM sleep
             mode level 1, while the trainer runs; GPU only) and ``lora_sync`` (``lora=peft``:
             ``merged`` loads ``W + (alpha / r) B A`` through ``reload_weights``; ``adapter`` serves
             the base weights with ``enable_lora`` and registers each version of the adapters as a
