@@ -59,7 +59,7 @@ def new_adapters(model: torch.nn.Module, seed: int, scale: float) -> None:
 
 
 def measure(model, tok, prompts: list[str], group_size: int, params, steps: int, engine: dict,
-            device: str = "cpu", modes=("merged", "adapter"), scale: float = 0.02) -> list[dict]:
+            device: str = "cpu", modes=("merged", "adapter"), scale: float = 0.02, on_row=None) -> list[dict]:
     """Time merged vs adapter-only sync and the rollout after it (see the module doc).
 
     Args:
@@ -68,6 +68,7 @@ def measure(model, tok, prompts: list[str], group_size: int, params, steps: int,
         params: :class:`harness.rollout.SamplingParams` of the timed rollouts.
         engine: extra ``rollout`` keys for the engine (``kv_cache_gib``, ``max_model_len``, ...).
         scale: std of the drawn ``lora_B`` entries.
+        on_row: called with each mode's dict as soon as it is measured (a run killed later keeps it).
     Returns: one dict per mode: ``sync_s`` (median and each step's), ``rollout_s`` (median),
         ``tokens_per_s`` (median), ``logprob_diff_max`` (largest over the steps), ``adapter_mib``
         (the adapter tensors, adapter mode) or ``merged_mib`` (the tensors sent, merged mode).
@@ -110,6 +111,8 @@ def measure(model, tok, prompts: list[str], group_size: int, params, steps: int,
                      "steps": steps, "sequences": len(prompts) * group_size, "new_tokens": params.max_new_tokens})
         backend.close()
         del backend
+        if on_row is not None:
+            on_row(rows[-1])
     new_adapters(model, 0, 0.0)
     return rows
 
@@ -146,14 +149,16 @@ def main(argv=None) -> int:
     prompts = [tok.apply_chat_template([{"role": "user", "content": QUESTION.format(a=17 + i, b=25 + 3 * i)}],
                                        tokenize=False, add_generation_prompt=True) for i in range(a.prompts)]
     params = SamplingParams(temperature=1.0, max_new_tokens=a.new_tokens, seed=0)
-    rows = measure(model, tok, prompts, a.group_size, params, a.steps, dict(kv_cache_gib=1, max_model_len=512))
     meta = {"date": time.strftime("%Y-%m-%d"), "machine": f"{cpu_name()}, {torch.backends.cpu.get_cpu_capability()}, "
             f"{torch.get_num_threads()} threads", "model": "tiny" if a.tiny else EMBEDDED_NAME, "lora_r": a.rank,
             "dtype": "float32"}
-    with Path(a.out).open("a") as f:
-        for r in rows:
-            print(json.dumps({**meta, **r}), flush=True)
+
+    def write(r: dict) -> None:
+        print(json.dumps({**meta, **r}), flush=True)
+        with Path(a.out).open("a") as f:
             f.write(json.dumps({**meta, **r}) + "\n")
+
+    measure(model, tok, prompts, a.group_size, params, a.steps, dict(kv_cache_gib=1, max_model_len=512), on_row=write)
     return 0
 
 
