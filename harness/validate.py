@@ -199,6 +199,9 @@ def _lora(cfg) -> None:
     """The ``lora`` option's ranges and the combinations it cannot serve (reasons in the messages)."""
     node = cfg.get("lora")
     if node is None or node.name == "none":
+        if "lora_sync" in cfg.rollout:  # rollout=vllm: how the adapters reach the engine; none to send
+            _unread(cfg.rollout, "rollout", BACKENDS.spec(cfg.rollout.backend).params, ["lora_sync"],
+                    "lora=none has no adapters to sync (lora=peft has)")
         return
     _choice("lora", node.name, ADAPTERS.names())
     _check(int(node.r) >= 1, f"lora.r={node.r}: expected >= 1 (the adapters' rank)")
@@ -207,6 +210,8 @@ def _lora(cfg) -> None:
     targets = list(node.target_modules or [])
     _check(bool(targets) and all(isinstance(t, str) and t for t in targets),
            f"lora.target_modules={targets}: expected a non-empty list of module names (q_proj, ..., down_proj)")
+    _check(cfg.rollout.get("lora_sync", "merged") != "adapter" or int(node.r) <= 512,
+           f"rollout.lora_sync=adapter with lora.r={node.r}: vLLM serves LoRA ranks up to 512; use rollout.lora_sync=merged")
     _check(cfg.train.sharding == "none", f"train.sharding={cfg.train.sharding} with lora={node.name}: not implemented; "
            "the sharded checkpoint and optimizer-state path (harness.distributed.full_state) indexes every parameter "
            "of the policy, and the optimizer holds only the adapters. The adapters are small: use data-parallel "

@@ -198,6 +198,7 @@ KNOBS = {
     "rollout/vllm.enforce_eager": check("check_vllm_engine"),
     "rollout/vllm.gpu_memory_utilization": refused(0.5, "has no GPU visible"),
     "rollout/vllm.sleep": refused("true", "has no GPU visible"),
+    "rollout/vllm.lora_sync": check("check_vllm_lora_sync"),
     "rollout/hf.max_turns": math_(1, "rollout", "tools=calculator", *ANY_E),
     "rollout/vllm.max_turns": check("check_vllm_max_turns"),
     # ---------------------------------------------------------------- tools (episode rollouts)
@@ -733,6 +734,26 @@ def check_vllm_engine(key, tmp_path, monkeypatch):
             vc.cache_config.enable_prefix_caching) == ("torch.bfloat16", 128, False, False)
     assert vc.cache_config.num_gpu_blocks > 1.5 * blocks  # 2 GiB of KV cache instead of 1 (bf16: ~4x)
     other.close()
+
+
+def check_vllm_lora_sync(key, tmp_path, monkeypatch):
+    """rollout.lora_sync=adapter builds the engine with LoRA on (rank 8 for lora.r=8) serving the
+    policy's adapters as a LoRARequest; merged builds it without LoRA; lora=none refuses adapter
+    (tests/test_vllm.py checks the served adapter's tokens and log-probs after each sync)."""
+    for sync, lora_on in (("adapter", True), ("merged", False)):
+        cfg, _, _, backend = _vllm_backend("lora=peft", f"rollout.lora_sync={sync}")
+        try:
+            engine = backend.llm.llm_engine
+            assert (engine.vllm_config.lora_config is not None) == lora_on
+            if lora_on:
+                assert engine.vllm_config.lora_config.max_lora_rank == 8 and engine.list_loras() == {1}
+                assert backend._lora_request().lora_int_id == 1
+            else:
+                assert backend._lora_request() is None
+        finally:
+            backend.close()
+    with pytest.raises(ConfigError, match="rollout.lora_sync=adapter is set, but lora=none"):
+        validate(compose("rollout=vllm", "rollout.lora_sync=adapter"))
 
 
 def check_vllm_sampling(key, tmp_path, monkeypatch):

@@ -182,6 +182,7 @@ def test_ppo_critic_trains_adapters_and_value_head():
     (["lora.target_modules=[]"], "lora.target_modules"),
     (["kl.ref_refresh_steps=2"], "kl.ref_refresh_steps=2 with lora=peft"),
     (["advantage=ppo", "critic.init=random"], "critic.init=random with lora=peft"),
+    (["rollout=vllm", "rollout.lora_sync=adapter", "lora.r=513"], "rollout.lora_sync=adapter with lora.r=513"),
 ])
 def test_bad_lora_settings_are_refused(override, match):
     with pytest.raises(ConfigError, match=match):

@@ -240,12 +240,56 @@ def test_lora_weight_sync_sends_the_merged_weights(tokenizer):
         backend.close()
 
 
-@pytest.mark.parametrize("lora", ["none", "peft"])
+def test_lora_adapter_sync_serves_the_current_adapter_version(tokenizer):
+    """lora=peft, rollout.lora_sync=adapter: the engine holds the base weights and serves the adapters
+    as a LoRARequest (harness.rollout.vllm_lora). Before a sync the engine samples with the old
+    adapter version (a skipped sync would be seen); after each sync its greedy tokens are the adapted
+    policy's (the hf backend's, sharing the module), its log-probs the trainer's to the merged sync's
+    tolerance (2e-4), and the one adapter it holds is the new version."""
+    from harness.lora import LoraConfig, PeftLora
+
+    model = PeftLora(LoraConfig(r=4)).apply(_tiny(tokenizer, seed=1, eos=False))
+    backend = build_backend("vllm", model, tokenizer, progress=False, kv_cache_gib=1, max_model_len=512,
+                            lora_sync="adapter")
+    hf = build_backend("hf", model, tokenizer, progress=False)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=16)
+    engine = backend.llm.llm_engine
+    try:
+        assert engine.vllm_config.lora_config.max_lora_rank == 8  # r=4, padded to vLLM's next rank
+        assert backend.adapter.version == 1 and engine.list_loras() == {1}
+        before = backend.generate(PROMPTS, 1, greedy)
+        assert torch.equal(before.completion_ids, hf.generate(PROMPTS, 1, greedy).completion_ids)
+        for version, seed in ((2, 5), (3, 6)):
+            with torch.no_grad():  # a large adapter update
+                torch.manual_seed(seed)
+                for n, p in model.named_parameters():
+                    if ".lora_B." in n:
+                        p.copy_(torch.randn_like(p) * 0.5)
+            fresh_hf = hf.generate(PROMPTS, 1, greedy)
+            assert not torch.equal(fresh_hf.completion_ids, before.completion_ids)
+            stale = backend.generate(PROMPTS, 1, greedy)
+            assert torch.equal(stale.completion_ids, before.completion_ids)  # not synced yet: the old version
+            backend.sync_weights(model)
+            assert backend.adapter.version == version and engine.list_loras() == {version}
+            assert backend.adapter.request.lora_int_id == version
+            after = backend.generate(PROMPTS, 1, greedy)
+            assert torch.equal(after.completion_ids, fresh_hf.completion_ids)
+            batch = backend.generate(PROMPTS, 2, SamplingParams(temperature=0.7, max_new_tokens=16, seed=11))
+            m = batch.completion_mask.bool()
+            assert float((batch.sampler_logprobs - _trainer_logprobs(model, batch, 0.7))[m].abs().max()) < 2e-4
+            before = after
+    finally:
+        backend.close()
+
+
+@pytest.mark.parametrize("lora", ["none", "peft", "peft-adapter"])
 def test_two_step_training_run_with_vllm(run_dir, lora):
     """The trainer end to end with rollout=vllm (tiny model with a head size vLLM supports), eval
-    through the same backend, mismatch metrics logged; with LoRA too (merged weights synced)."""
+    through the same backend, mismatch metrics logged; with LoRA too (merged weights synced, or the
+    adapters alone with rollout.lora_sync=adapter: step 2's sampler is the updated policy)."""
+    sync = ["rollout.lora_sync=adapter"] if lora == "peft-adapter" else []
     acc, run, history = run_job(
-        "rollout=vllm", f"lora={lora}", "rollout.kv_cache_gib=1", "rollout.max_model_len=512",
+        "rollout=vllm", f"lora={lora.split('-')[0]}", *sync, "rollout.kv_cache_gib=1", "rollout.max_model_len=512",
         "model.tiny_config.hidden_size=128", "model.tiny_config.num_attention_heads=2",
         "model.tiny_config.num_key_value_heads=1", "model.tiny_config.intermediate_size=256",
     )
@@ -357,3 +401,20 @@ def test_overlapped_stale_run_equals_sequential():
     for i, (a, b) in enumerate(zip(seq, ov)):
         assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]), f"step {i + 1}'s rollouts differ"
     assert ov_loss == seq_loss and len(set(seq_loss)) == 3
+
+
+def test_gpu_rollout_lora_section_dry_run(tmp_path):
+    """benchmarks/gpu_rollout.py's LoRA sync section, dry-run on CPU (--device cpu --tiny): one row
+    per sync mode, each adapter version served (the sampler's log-probs are the updated policy's to
+    the engine-vs-trainer tolerance, 2e-4), and the adapter mode sends far less than the merged one."""
+    import json
+
+    from benchmarks import gpu_rollout
+
+    out = tmp_path / "rows.jsonl"
+    assert gpu_rollout.main(["--device", "cpu", "--tiny", "--sections", "lora", "--prompts", "2", "--group-size", "2",
+                             "--new-tokens", "8", "--lora-steps", "2", "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["backend"], r["lora_sync"]) for r in rows] == [("lora_sync", "merged"), ("lora_sync", "adapter")]
+    assert all(len(r["sync_s_each"]) == 2 and r["logprob_diff_max"] < 2e-4 for r in rows)
+    assert rows[1]["adapter_mib"] < rows[0]["merged_mib"] / 50

