@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import time
@@ -34,19 +33,10 @@ from pathlib import Path
 
 import torch
 
+from harness.provenance import cpu_model
+
 ROOT = Path(__file__).resolve().parents[1]
 QUESTION = "What is {a} + {b}? Answer with the number."
-
-
-def cpu_name() -> str:
-    """The CPU's model name (``/proc/cpuinfo``), else ``platform.processor()``."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def new_adapters(model: torch.nn.Module, seed: int, scale: float) -> None:
@@ -149,7 +139,7 @@ def main(argv=None) -> int:
     prompts = [tok.apply_chat_template([{"role": "user", "content": QUESTION.format(a=17 + i, b=25 + 3 * i)}],
                                        tokenize=False, add_generation_prompt=True) for i in range(a.prompts)]
     params = SamplingParams(temperature=1.0, max_new_tokens=a.new_tokens, seed=0)
-    meta = {"date": time.strftime("%Y-%m-%d"), "machine": f"{cpu_name()}, {torch.backends.cpu.get_cpu_capability()}, "
+    meta = {"date": time.strftime("%Y-%m-%d"), "machine": f"{cpu_model()}, {torch.backends.cpu.get_cpu_capability()}, "
             f"{torch.get_num_threads()} threads", "model": "tiny" if a.tiny else EMBEDDED_NAME, "lora_r": a.rank,
             "dtype": "float32"}
 

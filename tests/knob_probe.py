@@ -229,3 +229,19 @@ def adamw_noise_ok(a: torch.Tensor, b: torch.Tensor, lr: float, steps: int, rtol
         return (f"{bad} of {a.numel()} weights out of (rtol {rtol:g}, atol {atol:g}) (allowed "
                 f"{int(max_frac * a.numel())}), max |d| {worst:.3g} (allowed 2 * lr * steps = {bound:.3g})")
     return ""
+
+
+def probe_components(cfg):
+    """:func:`harness.run.build_components` for ``cfg`` with the probe's set-up: the EOS row of the LM
+    head set so that completions end at varied lengths (``EOS_NORM``, ``EOS_SEED``) and the task scored by
+    :func:`hash_verdicts`. Returns ``(task, tokenizer, policy, critic, backend)``; the caller has run
+    :func:`harness.run.prepare` (it sets the thread count, which the caller restores)."""
+    from harness.run import build_components
+
+    task, tok, policy, critic, backend = build_components(cfg)
+    head = policy.get_output_embeddings().weight
+    d = torch.randn(head.shape[1], generator=torch.Generator().manual_seed(EOS_SEED))
+    with torch.no_grad():
+        head[tok.eos_token_id] = (d / d.norm() * EOS_NORM).to(head.dtype)
+    task.score = hash_verdicts
+    return task, tok, policy, critic, backend

@@ -51,21 +51,16 @@ class _Recorder:
 def _run(*overrides, gate=None, on_update=None):
     """A tiny float64 run (the knob probe's set-up); returns (recorded training calls, metrics by
     step, the final weights, the trainer). ``on_update(trainer)`` runs as each update starts."""
-    from harness.run import build_components, prepare
+    from harness.run import prepare
     from harness.trainer import Trainer
-    from tests.knob_probe import EOS_NORM, EOS_SEED, MemoryTracker, hash_verdicts
+    from tests.knob_probe import MemoryTracker, probe_components
 
     cfg = compose(*BASE, F64, *overrides)
     validate(cfg)
     threads = torch.get_num_threads()
     try:
         prepare(cfg)
-        task, tok, policy, critic, backend = build_components(cfg)
-        head = policy.get_output_embeddings().weight
-        d = torch.randn(head.shape[1], generator=torch.Generator().manual_seed(EOS_SEED))
-        with torch.no_grad():
-            head[tok.eos_token_id] = (d / d.norm() * EOS_NORM).to(head.dtype)
-        task.score = hash_verdicts
+        task, tok, policy, critic, backend = probe_components(cfg)
         rec = _Recorder(backend, gate)
         trainer = Trainer(cfg, task, tok, policy, rec, MemoryTracker(), critic=critic)
         if on_update is not None:

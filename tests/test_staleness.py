@@ -76,20 +76,15 @@ class _Recorder:
 def _stale_run(*overrides):
     """A tiny float64 run (the probe's set-up); returns (cfg, tokenizer, policy, recorded training
     calls, the policy's state dict after each step (version 0 first), metrics by step, step records)."""
-    from harness.run import build_components, prepare
+    from harness.run import prepare
     from harness.trainer import Trainer
-    from tests.knob_probe import EOS_NORM, EOS_SEED, MemoryTracker, hash_verdicts
+    from tests.knob_probe import MemoryTracker, probe_components
 
     cfg = compose(*BASE, F64, *overrides)
     threads = torch.get_num_threads()
     try:
         prepare(cfg)
-        task, tok, policy, critic, backend = build_components(cfg)
-        head = policy.get_output_embeddings().weight
-        d = torch.randn(head.shape[1], generator=torch.Generator().manual_seed(EOS_SEED))
-        with torch.no_grad():
-            head[tok.eos_token_id] = (d / d.norm() * EOS_NORM).to(head.dtype)
-        task.score = hash_verdicts
+        task, tok, policy, critic, backend = probe_components(cfg)
         versions, records = [copy.deepcopy(policy.state_dict())], []
 
         def on_step(record):
