@@ -137,9 +137,10 @@ def main(argv=None) -> None:
         with tempfile.TemporaryDirectory(prefix="cost-") as tmp:
             rows.append(run_point(p, args.backend, args.steps, list(args.extra), Path(tmp)))
         print(table(rows)[-1], flush=True)
+        # after every point, so a run stopped part-way keeps what it measured
+        Path(args.out).write_text(json.dumps({"date": stamp, "machine": machine, "backend": args.backend,
+                                              "steps": args.steps, "rows": rows}, indent=1))
     print("\n".join(table(rows)))
-    Path(args.out).write_text(json.dumps({"date": stamp, "machine": machine, "backend": args.backend,
-                                          "steps": args.steps, "rows": rows}, indent=1))
     plot(rows, ROOT / "results" / "plots" / "cost_curves.png",
          f"preset=arith_cpu, {args.backend} rollout, last of {args.steps} steps ({machine}, {stamp})")
 
