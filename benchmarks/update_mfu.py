@@ -15,7 +15,14 @@ completion tokens``; every token costs ``6 x N_body`` (forward 2, backward 4: th
 linear layers), every completion token also ``6 x V x H`` (the LM head), and attention adds
 ``12 x L x H x context`` per token (QK^T and AV, forward and backward). Against the bare
 ``[2048, 2048] @ [2048, 2048]`` fp32 GFLOP/s of the same run, that is the update's share of the
-matmul ceiling. Run the machine quiet: `python -m benchmarks.update_mfu [--rounds 3]`.
+matmul ceiling.
+
+A second ceiling is closer to what this update can reach: the same run also times the update's
+own GEMMs bare (:func:`shape_gemms`: every linear layer's forward ``X W^T`` and backward ``dY W``
+and ``dY^T X`` at the real micro-batch token counts, and the LM head on the completion tokens,
+with the model's own weights), so the report says how far the update is from the matmul rate at
+its own shapes (H = 576 is small: those GEMMs run below the 2048^3 rate). Run the machine quiet:
+`python -m benchmarks.update_mfu [--rounds 3]`.
 """
 
 from __future__ import annotations
@@ -64,6 +71,41 @@ def update_flops(model, batch, G: int) -> tuple[float, int]:
     return flops, tokens
 
 
+def group_tokens(batch, G: int) -> list[tuple[int, int]]:
+    """``[(tokens the forward runs, completion tokens)]`` per group (one micro-batch of G rows
+    with prefix sharing: the prompt once, then every completion)."""
+    pm, cm = batch.prompt_mask, batch.completion_mask
+    out = []
+    for g in range(pm.shape[0] // G):
+        tcs = int(cm[g * G:(g + 1) * G].sum())
+        out.append((int(pm[g * G].sum()) + tcs, tcs))
+    return out
+
+
+def shape_gemms(model, groups: list[tuple[int, int]]) -> tuple[float, float]:
+    """(FLOPs, seconds) of the update's GEMMs run bare at their real shapes: for each group
+    ``(n, n_c)`` of :func:`group_tokens`, every body ``nn.Linear`` (weight ``[out, in]``) as
+    forward ``[n, in] @ [in, out]`` and backward ``[n, out] @ [out, in]`` and
+    ``[out, n] @ [n, in]`` (2 n in out FLOPs each), and the LM head likewise on ``n_c``
+    completion tokens. Excludes attention's QK^T / AV (counted in :func:`update_flops`)."""
+    lins = [m.weight.detach() for n, m in model.named_modules()
+            if isinstance(m, torch.nn.Linear) and "lm_head" not in n]
+    head = model.get_output_embeddings().weight.detach()
+    flops, secs = 0.0, 0.0
+    for n, n_c in groups:
+        xs = {w.shape[1]: torch.randn(n, w.shape[1]) for w in lins}
+        dys = {w.shape[0]: torch.randn(n, w.shape[0]) for w in lins}
+        xh, dyh = torch.randn(n_c, head.shape[1]), torch.randn(n_c, head.shape[0])
+        t = time.perf_counter()
+        for w in lins:
+            x, dy = xs[w.shape[1]], dys[w.shape[0]]
+            x @ w.T, dy @ w, dy.T @ x
+        xh @ head.T, dyh @ head, dyh.T @ xh
+        secs += time.perf_counter() - t
+        flops += sum(6.0 * n * w.shape[0] * w.shape[1] for w in lins) + 6.0 * n_c * head.shape[0] * head.shape[1]
+    return flops, secs
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
@@ -97,19 +139,25 @@ def main(argv=None) -> int:
             logprobs.LinearLogSoftmaxGather.apply = fused_apply
 
     update("fused")  # warm-up
-    rows = {"fused": [], "unfused": [], "matmul": []}
+    groups = group_tokens(batch, G)
+    shape_gemms(model, groups)  # warm-up
+    rows = {"fused": [], "unfused": [], "matmul": [], "shape_gemms": []}
     for _ in range(args.rounds):
         rows["matmul"].append(matmul_gflops())
+        f, s = shape_gemms(model, groups)
+        rows["shape_gemms"].append(f / s / 1e9)
         for v in ("fused", "unfused"):
             rows[v].append(update(v))
     mm = sorted(rows["matmul"])[len(rows["matmul"]) // 2]
+    sg = sorted(rows["shape_gemms"])[len(rows["shape_gemms"]) // 2]
     res = {"machine": platform.processor() or platform.machine(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
            "threads": args.threads, "date": date.today().isoformat(), "completion_tokens": int(batch.completion_mask.sum()),
-           "forward_tokens": tokens, "update_gflop": flops / 1e9, "matmul_gflops_median": mm, "raw": rows}
+           "forward_tokens": tokens, "update_gflop": flops / 1e9, "matmul_gflops_median": mm,
+           "shape_gemms_gflops_median": sg, "shape_gemms_of_matmul": sg / mm, "raw": rows}
     for v in ("fused", "unfused"):
         s = min(rows[v])
         res[v] = {"best_s": s, "mean_s": sum(rows[v]) / len(rows[v]), "gflops": flops / s / 1e9,
-                  "of_matmul": flops / s / 1e9 / mm}
+                  "of_matmul": flops / s / 1e9 / mm, "of_shape_gemms": flops / s / 1e9 / sg}
     res["speedup_fused"] = res["unfused"]["best_s"] / res["fused"]["best_s"]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(res, indent=1))

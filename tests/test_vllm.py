@@ -418,3 +418,21 @@ def test_gpu_rollout_lora_section_dry_run(tmp_path):
     assert [(r["backend"], r["lora_sync"]) for r in rows] == [("lora_sync", "merged"), ("lora_sync", "adapter")]
     assert all(len(r["sync_s_each"]) == 2 and r["logprob_diff_max"] < 2e-4 for r in rows)
     assert rows[1]["adapter_mib"] < rows[0]["merged_mib"] / 50
+
+
+def test_gpu_train_overlap_pair_dry_run(tmp_path):
+    """benchmarks/gpu_train.py's overlapped-mode pair, dry-run on CPU (--device cpu --tiny): a
+    ``rollout=vllm, staleness=1`` job without and with ``rollout.overlap=true``; the script
+    asserts their losses are equal bit for bit, and the overlapped job logs how long each step
+    waited for its batch."""
+    import json
+
+    from benchmarks import gpu_train
+
+    out = tmp_path / "rows.jsonl"
+    rows = gpu_train.main(["--device", "cpu", "--tiny", "--jobs", "vllm_stale1", "vllm_stale1_overlap",
+                           "--steps", "3", "--out", str(out)])
+    seq, ov = rows
+    assert (seq["job"], ov["job"]) == ("vllm_stale1", "vllm_stale1_overlap")
+    assert ov["losses_equal_sequential"] and len(ov["loss"]) == 3 and seq["device"].startswith("cpu")
+    assert [json.loads(line)["job"] for line in out.read_text().splitlines()] == ["vllm_stale1", "vllm_stale1_overlap"]
