@@ -7,7 +7,10 @@ A B A B ... with the bare-matmul ceiling measured in the same process between th
 
 * A = the fused LM head (:class:`harness.logprobs.LinearLogSoftmaxGather`, what the trainer runs);
 * B = the unfused reference (plain autograd ops under activation checkpointing: what the trainer
-  ran before issue 28), patched in for this benchmark only.
+  ran before issue 28), patched in for this benchmark only;
+
+the fused head also at larger micro-batches (``--micro-batches 8 32``: a micro-batch of 8 rows is
+one group, ~370 forward tokens with prefix sharing; 32 rows run the four groups as one forward).
 
 FLOPs are counted from the work the update must do, not from padded slots: with prefix sharing
 each group's prompt runs once, so the tokens are ``sum over groups of prompt length + all
@@ -106,15 +109,26 @@ def shape_gemms(model, groups: list[tuple[int, int]]) -> tuple[float, float]:
     return flops, secs
 
 
+def micro_batch_tokens(groups: list[tuple[int, int]], G: int, micro_batch: int) -> list[tuple[int, int]]:
+    """:func:`group_tokens` merged into micro-batches of ``micro_batch`` rows (a multiple of G:
+    whole groups, consecutive)."""
+    k = max(1, micro_batch // G)
+    return [(sum(n for n, _ in groups[i:i + k]), sum(c for _, c in groups[i:i + k])) for i in range(0, len(groups), k)]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--micro-batches", type=int, nargs="+", default=[8, 32],
+                    help="train.micro_batch_size values of the fused variant (multiples of G=8; the unfused runs at 8)")
     ap.add_argument("--out", type=Path, default=Path("results/update_mfu.json"))
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     model, tok = load_causal_lm(EMBEDDED_NAME), load_tokenizer(EMBEDDED_NAME)
     P, G = 4, 8
+    if any(mb % G for mb in args.micro_batches):
+        ap.error(f"--micro-batches: multiples of G={G} expected, got {args.micro_batches}")
     prompts = arith_prompts(tok, P)
     torch.manual_seed(0)
     batch = build_backend("hf", model, tok, progress=False).generate(prompts, G, SamplingParams(0.7, 1.0, 48))
@@ -126,39 +140,48 @@ def main(argv=None) -> int:
     opt = torch.optim.AdamW(model.parameters(), lr=0.0)  # lr 0: the weights stay put between rounds
     flops, tokens = update_flops(model, batch, G)
     fused_apply = logprobs.LinearLogSoftmaxGather.apply
+    variants = {f"fused_mb{mb}": ("fused", mb) for mb in args.micro_batches} | {"unfused_mb8": ("unfused", 8)}
+    groups = group_tokens(batch, G)
 
     def update(variant: str) -> float:
-        logprobs.LinearLogSoftmaxGather.apply = fused_apply if variant == "fused" else _unfused
+        head, mb = variants[variant]
+        logprobs.LinearLogSoftmaxGather.apply = fused_apply if head == "fused" else _unfused
         try:
             t = time.perf_counter()
-            policy_pass(model, tb, algo, 8)
+            policy_pass(model, tb, algo, mb)
             opt.step()
             opt.zero_grad(set_to_none=True)
             return time.perf_counter() - t
         finally:
             logprobs.LinearLogSoftmaxGather.apply = fused_apply
 
-    update("fused")  # warm-up
-    groups = group_tokens(batch, G)
-    shape_gemms(model, groups)  # warm-up
-    rows = {"fused": [], "unfused": [], "matmul": [], "shape_gemms": []}
+    def ceiling(mb: int) -> float:
+        f, s = shape_gemms(model, micro_batch_tokens(groups, G, mb))
+        return f / s / 1e9
+
+    for v in variants:  # warm-up
+        update(v)
+    mbs = sorted({mb for _, mb in variants.values()})
+    for mb in mbs:
+        ceiling(mb)
+    rows = {"matmul": [], **{f"shape_gemms_mb{mb}": [] for mb in mbs}, **{v: [] for v in variants}}
     for _ in range(args.rounds):
         rows["matmul"].append(matmul_gflops())
-        f, s = shape_gemms(model, groups)
-        rows["shape_gemms"].append(f / s / 1e9)
-        for v in ("fused", "unfused"):
+        for mb in mbs:
+            rows[f"shape_gemms_mb{mb}"].append(ceiling(mb))
+        for v in variants:
             rows[v].append(update(v))
-    mm = sorted(rows["matmul"])[len(rows["matmul"]) // 2]
-    sg = sorted(rows["shape_gemms"])[len(rows["shape_gemms"]) // 2]
+    med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    mm = med(rows["matmul"])
     res = {"machine": platform.processor() or platform.machine(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
            "threads": args.threads, "date": date.today().isoformat(), "completion_tokens": int(batch.completion_mask.sum()),
            "forward_tokens": tokens, "update_gflop": flops / 1e9, "matmul_gflops_median": mm,
-           "shape_gemms_gflops_median": sg, "shape_gemms_of_matmul": sg / mm, "raw": rows}
-    for v in ("fused", "unfused"):
-        s = min(rows[v])
-        res[v] = {"best_s": s, "mean_s": sum(rows[v]) / len(rows[v]), "gflops": flops / s / 1e9,
+           **{f"shape_gemms_mb{mb}_gflops_median": med(rows[f"shape_gemms_mb{mb}"]) for mb in mbs}, "raw": rows}
+    for v, (_, mb) in variants.items():
+        s, sg = min(rows[v]), med(rows[f"shape_gemms_mb{mb}"])
+        res[v] = {"micro_batch": mb, "best_s": s, "mean_s": sum(rows[v]) / len(rows[v]), "gflops": flops / s / 1e9,
                   "of_matmul": flops / s / 1e9 / mm, "of_shape_gemms": flops / s / 1e9 / sg}
-    res["speedup_fused"] = res["unfused"]["best_s"] / res["fused"]["best_s"]
+    res["speedup_fused_mb8"] = res["unfused_mb8"]["best_s"] / res["fused_mb8"]["best_s"]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(res, indent=1))
     print(json.dumps({k: v for k, v in res.items() if k != "raw"}, indent=1))

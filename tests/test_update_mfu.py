@@ -35,3 +35,12 @@ def test_group_tokens_and_flop_counts_match_hand_values(tokenizer):
     gemm_flops, secs = shape_gemms(model, groups)
     assert secs > 0
     assert gemm_flops == 6.0 * 2 * per_token_body * 21 + 6.0 * V * 32 * 11
+
+
+def test_micro_batch_tokens_merge_whole_groups():
+    from benchmarks.update_mfu import micro_batch_tokens
+
+    groups = [(12, 8), (9, 3), (10, 4)]
+    assert micro_batch_tokens(groups, 2, 2) == groups
+    assert micro_batch_tokens(groups, 2, 4) == [(21, 11), (10, 4)]
+    assert micro_batch_tokens(groups, 2, 8) == [(31, 15)]
