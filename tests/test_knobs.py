@@ -178,7 +178,6 @@ KNOBS = {
     "rollout/hf.batch_size": speed(2),
     "rollout/hf.progress": book("progress bar"),
     "rollout/hf.share_prefix": speed("false"),
-    "rollout/hf.kv_cache": speed("static"),
     "rollout/hf.staleness": math_(1, "rollout"),  # step 2 samples with the initial weights (tests/test_staleness.py)
     # the next step's batch generated beside the update: the same batches (tests/test_overlap.py)
     "rollout/hf.overlap": speed("true", "rollout.staleness=1"),

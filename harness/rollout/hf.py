@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
-
 import torch
-from transformers import LogitsProcessorList, StaticCache, StoppingCriteria, StoppingCriteriaList
+from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
 from harness import progress
 from harness.kv import cache_kwarg, prompt_cache
@@ -126,42 +123,7 @@ class _StopOnText(StoppingCriteria):
         return torch.tensor([self.stop in t for t in tails], dtype=torch.bool, device=input_ids.device)
 
 
-@dataclass
-class HFRolloutConfig(RolloutConfig):
-    """``rollout=hf``: transformers ``generate`` on the policy module (:class:`HFRollout`).
-
-    ``kv_cache``: the decoding cache. ``dynamic`` (transformers' ``DynamicCache``) grows every
-    layer's keys and values by concatenation at each decoded token, so the bytes copied grow with
-    the square of the length (55% of an arith rollout's time was ``copy_`` / ``cat``:
-    results/benchmarks.md, profile). ``static`` preallocates a ``StaticCache`` of
-    ``prompt + max_new_tokens`` positions per row and writes each token in place; attention then
-    runs over the whole preallocated length with the unwritten positions masked. A speed switch:
-    the same tokens and log-probs (tested in float64), float32 rounding aside.
-    """
-
-    CHOICES: ClassVar[dict] = {"kv_cache": ("dynamic", "static")}  # read by harness.validate
-
-    kv_cache: str = "dynamic"
-
-
-def static_cache(model, max_len: int, prefill=None) -> StaticCache:
-    """A ``StaticCache`` of ``max_len`` positions for ``model``, holding ``prefill``'s keys and
-    values (a transformers ``Cache`` of ``[B, heads, t, head_dim]`` per layer, e.g. the shared
-    prompt prefill of :meth:`HFRollout._shared_prefill`) at positions ``0..t-1``, or empty.
-
-    Raises:
-        ValueError: ``prefill`` holds more than ``max_len`` positions.
-    """
-    cache = StaticCache(config=model.config, max_cache_len=max_len)
-    if prefill is not None:
-        for i, layer in enumerate(prefill.layers):
-            if layer.keys.shape[-2] > max_len:
-                raise ValueError(f"prefill of {layer.keys.shape[-2]} positions does not fit a static cache of {max_len}")
-            cache.layers[i].update(layer.keys, layer.values)
-    return cache
-
-
-@BACKENDS.register("hf", params=HFRolloutConfig)
+@BACKENDS.register("hf", params=RolloutConfig)
 class HFRollout:
     """``generate``-based backend: all prompts x G samples per call, in chunks of ``batch_size``.
 
@@ -172,14 +134,12 @@ class HFRollout:
             0 = everything in one call), ``progress`` (a tqdm bar over chunks) and ``share_prefix``
             (prefill each distinct prompt once and copy its KV cache to the rows that repeat it, as
             a GRPO group repeats its prompt G times, instead of prefilling every row; sampling is
-            unchanged, only float rounding of the prompt's keys/values can differ), ``kv_cache``
-            (:class:`HFRolloutConfig`). The sampling keys reach :meth:`generate` as
-            :class:`SamplingParams`.
+            unchanged, only float rounding of the prompt's keys/values can differ). The sampling
+            keys reach :meth:`generate` as :class:`SamplingParams`.
     """
 
-    def __init__(self, model, tokenizer, params: HFRolloutConfig):
+    def __init__(self, model, tokenizer, params: RolloutConfig):
         self.model, self.tokenizer = model, tokenizer
-        self.kv_cache = params.kv_cache
         self.batch_size, self.progress, self.share_prefix = params.batch_size, params.progress, params.share_prefix
         eos = model.generation_config.eos_token_id if model.generation_config else None
         eos = eos if isinstance(eos, (list, tuple)) else [eos]
@@ -245,8 +205,6 @@ class HFRollout:
             kwargs = dict(do_sample=True, temperature=params.temperature, top_p=1.0, top_k=0)  # truncated above
 
         cache = self._shared_prefill(rows, enc) if self.share_prefix else None
-        if self.kv_cache == "static":
-            cache = static_cache(self.model, enc["input_ids"].shape[1] + params.max_new_tokens, cache)
         if cache is not None:
             kwargs[cache_kwarg(type(self.model))] = cache
         with progress.bar(params.max_new_tokens, "tok", desc=f"{progress.current_phase() or 'rollout'} "
@@ -307,8 +265,6 @@ class HFRollout:
             processors.append(_SeededSampler(params.seed, row_index, params.temperature, dev))
         else:
             kwargs = dict(do_sample=True, temperature=params.temperature, top_p=params.top_p, top_k=0)
-        if self.kv_cache == "static":
-            kwargs[cache_kwarg(type(self.model))] = static_cache(self.model, width + max(max_new))
         seq = self.model.generate(
             input_ids=ids, attention_mask=mask, max_new_tokens=max(max_new), pad_token_id=pad,
             eos_token_id=sorted(self.eos_ids), logits_processor=LogitsProcessorList(processors),
