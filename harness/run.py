@@ -29,6 +29,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from harness import checkpoint as ckpt
 from harness import credentials, distributed, precision, progress, provenance
+from harness.alloc import tune_malloc
 from harness.algo import Algorithm, build_algorithm
 from harness.config import register_configs
 from harness.critic import Critic
@@ -126,14 +127,17 @@ def _hydra_dirs(cfg) -> tuple[Path, Path]:
 
 def prepare(cfg) -> None:
     """Startup checks and process settings of a run: :func:`harness.validate.validate`, the torch
-    seed (``seed``), the intra-op thread count (``train.threads``, 0 = leave as is) and, under
-    ``torchrun``, joining the process group (:func:`harness.distributed.init`).
+    seed (``seed``), the intra-op thread count (``train.threads``, 0 = leave as is), glibc's
+    allocator thresholds (:func:`harness.alloc.tune_malloc`: where memory comes from, never a
+    value) and, under ``torchrun``, joining the process group (:func:`harness.distributed.init`).
 
     Raises:
         ConfigError: naming the first invalid key.
     """
     validate(cfg)
     w = distributed.init()
+    tuned = tune_malloc()
+    log.debug("malloc settings: %s", tuned or "left as they are")
     torch.manual_seed(cfg.seed)
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
