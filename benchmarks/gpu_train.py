@@ -8,7 +8,8 @@ prints and records step time, rollout/update time and peak CUDA memory per job.
 
 The overlapped mode (``rollout.overlap``, :mod:`harness.overlap`): two jobs with ``rollout=vllm``
 (the engine on the same GPU, in the trainer's process) and ``rollout.staleness=1``, without and
-with ``rollout.overlap=true``; their losses must agree (the same batches, so the same maths), and
+with ``rollout.overlap=true``; their losses must agree (the same batches, so the same maths: bit for
+bit is reported, within 1e-4 of the loss scale is asserted, as float32 may round differently), and
 the table shows what the overlap saves per step (``time/step_s``) and how long each step still
 waited for its batch (``time/rollout_wait_s``).
 
@@ -77,7 +78,9 @@ def main(argv=None) -> list[dict]:
     pair = [next((r for r in rows if r["job"] == j), None) for j in ("vllm_stale1", "vllm_stale1_overlap")]
     seq, ov = pair if None not in pair else (None, None)
     if ov is not None:
-        ov["losses_equal_sequential"] = ov["loss"] == seq["loss"]  # the same batches: the same losses, bit for bit
+        ov["losses_equal_sequential"] = ov["loss"] == seq["loss"]  # bit for bit
+        scale = max(sum(abs(v) for v in seq["loss"]) / len(seq["loss"]), 1e-6)
+        ov["loss_max_diff_rel"] = max(abs(a - b) for a, b in zip(seq["loss"], ov["loss"])) / scale
     print("| job | device | wall s | step s | rollout s | rollout wait s | update s | peak mem GiB | tokens/s |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
@@ -92,7 +95,12 @@ def main(argv=None) -> list[dict]:
         for r in rows:
             f.write(json.dumps({"date": time.strftime("%Y-%m-%d"), "overrides": base, **r}) + "\n")
     if ov is not None:
-        assert ov["losses_equal_sequential"], f"rollout.overlap changed the losses: {seq['loss']} vs {ov['loss']}"
+        # the same batches give the same losses; in float32 a step computed while the other thread
+        # computes may round differently (measured on CPU: 4e-6 of the loss scale after 4 steps), a
+        # wrong batch or wrong weights differ at the scale of the loss itself
+        print(f"overlap vs sequential losses: bit for bit {ov['losses_equal_sequential']}, largest difference "
+              f"{ov['loss_max_diff_rel']:.1e} of the mean |loss|")
+        assert ov["loss_max_diff_rel"] < 1e-4, f"rollout.overlap changed the losses: {seq['loss']} vs {ov['loss']}"
     return rows
 
 
