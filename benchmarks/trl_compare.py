@@ -42,6 +42,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from harness.alloc import tune_malloc
+
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 TRL_VERSION = "1.16.0"
@@ -583,7 +585,11 @@ def markdown(result: dict) -> list[str]:
 def _worker_main(args) -> None:
     settings = json.loads(Path(args.settings_file).read_text())
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
+    # both sides get the allocator settings `harness.run` applies (a process setting, not part of
+    # either trainer's algorithm), so the A/B compares the trainers, not glibc's defaults
+    malloc = tune_malloc()
     out = harness_worker(settings) if args.worker == "harness" else trl_worker(settings, args.workdir)
+    out["malloc"] = malloc
     Path(args.result_file).write_text(json.dumps(out))
 
 
