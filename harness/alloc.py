@@ -27,6 +27,8 @@ M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
 MMAP_THRESHOLD = 32 << 20  # glibc's largest (DEFAULT_MMAP_THRESHOLD_MAX on 64-bit)
 TRIM_THRESHOLD = 1 << 30
 ENV = {M_MMAP_THRESHOLD: "MALLOC_MMAP_THRESHOLD_", M_TRIM_THRESHOLD: "MALLOC_TRIM_THRESHOLD_"}
+# what the last tune_malloc() set in this process; a run records it as its malloc.* tags
+APPLIED: dict[str, int] = {}
 
 
 def tune_malloc() -> dict[str, int]:
@@ -43,8 +45,10 @@ def tune_malloc() -> dict[str, int]:
         return {}
     if not hasattr(libc, "gnu_get_libc_version") or not hasattr(libc, "mallopt"):
         return {}
-    done = {}
+    done: dict[str, int] = {}
     for param, value in ((M_MMAP_THRESHOLD, MMAP_THRESHOLD), (M_TRIM_THRESHOLD, TRIM_THRESHOLD)):
         if ENV[param] not in os.environ and libc.mallopt(ctypes.c_int(param), ctypes.c_int(value)) == 1:
             done[ENV[param].strip("_").lower()] = value
+    APPLIED.clear()
+    APPLIED.update(done)
     return done

@@ -29,7 +29,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from harness import checkpoint as ckpt
 from harness import credentials, distributed, precision, progress, provenance
-from harness.alloc import tune_malloc
+from harness import alloc
 from harness.algo import Algorithm, build_algorithm
 from harness.config import register_configs
 from harness.critic import Critic
@@ -136,7 +136,7 @@ def prepare(cfg) -> None:
     """
     validate(cfg)
     w = distributed.init()
-    tuned = tune_malloc()
+    tuned = alloc.tune_malloc()
     log.debug("malloc settings: %s", tuned or "left as they are")
     torch.manual_seed(cfg.seed)
     if cfg.train.threads:
@@ -473,6 +473,7 @@ def _train(cfg, held: contextlib.ExitStack, on_eval, on_step, rerun_of, recorded
             "output_dir": str(output_dir), "world_size": w.world_size,
             "device": str(next(policy.parameters()).device),  # where the models trained (model.device)
             **({f"precision.auto.{k}": v for k, v in precision.LAST_PROBE.items()} if precision.LAST_PROBE else {}),
+            **{f"malloc.{k}": v for k, v in alloc.APPLIED.items()},  # allocator thresholds set at startup
             **({"sweep": cfg.tracking.sweep} if cfg.tracking.sweep else {}),
         })
         tracker.log_text(OmegaConf.to_yaml(cfg, resolve=True), "config/resolved.yaml")

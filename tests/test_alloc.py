@@ -21,8 +21,9 @@ def test_tune_malloc_sets_both_thresholds_and_leaves_the_environments(monkeypatc
     monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
     monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
     assert alloc.tune_malloc() == {"malloc_mmap_threshold": 32 << 20, "malloc_trim_threshold": 1 << 30}
+    assert alloc.APPLIED == {"malloc_mmap_threshold": 32 << 20, "malloc_trim_threshold": 1 << 30}
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")  # the user's tunable wins
-    assert alloc.tune_malloc() == {"malloc_trim_threshold": 1 << 30}
+    assert alloc.tune_malloc() == {"malloc_trim_threshold": 1 << 30} == alloc.APPLIED
 
 
 def test_tune_malloc_does_nothing_without_glibc(monkeypatch):

@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from harness import alloc
 from tests.conftest import run_job
 
 REQUIRED_METRICS = [
@@ -26,6 +27,9 @@ def test_two_steps_log_params_metrics_tags_and_artifacts(run_dir):
     assert params["task.name"] == "arith" and params["kl.form"] == "k3"
     assert tags["estimator"] == "grpo" and tags["group_size"] == "4" and tags["task"] == "arith"
     assert len(tags["git_commit"]) in (7, 40) or tags["git_commit"] == "unknown"
+    # glibc: the allocator thresholds the run set at startup are on it
+    assert {k: v for k, v in tags.items() if k.startswith("malloc.")} == {f"malloc.{k}": str(v)
+                                                                        for k, v in alloc.APPLIED.items()}
     for key in REQUIRED_METRICS:
         assert key in run.data.metrics, key
     assert [s for s, _ in history("train/reward_mean")] == [1, 2]  # each step logged once
