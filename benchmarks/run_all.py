@@ -38,6 +38,7 @@ from benchmarks import trl_compare
 from harness.algo import build_algorithm
 from harness.models import EMBEDDED_NAME, load_causal_lm, load_tokenizer
 from harness.perf import PeakMemory
+from harness.provenance import cpu_model
 from harness.rollout import SamplingParams, build_backend
 from harness.sweep import compose
 from harness.update import TrainBatch, padding_waste, policy_pass
@@ -178,8 +179,7 @@ def main(argv=None):
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     tok = load_tokenizer(EMBEDDED_NAME)
     model = load_causal_lm(EMBEDDED_NAME)
-    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")),
-               platform.machine()) if Path("/proc/cpuinfo").exists() else platform.machine()
+    cpu = cpu_model()
     lines = ["# Benchmarks (CPU)", "",
              f"Machine: {cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads, "
              f"torch {torch.__version__}, fp32, SmolLM2-135M-Instruct (embedded). Date: {time.strftime('%Y-%m-%d')}. "

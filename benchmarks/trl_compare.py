@@ -43,6 +43,7 @@ import time
 from pathlib import Path
 
 from harness.alloc import tune_malloc
+from harness.provenance import cpu_model
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -506,6 +507,7 @@ def run_comparison(**settings) -> dict:
     s = resolve_settings(**settings)
     trl_dir = ensure_trl() if "B" in s["order"] else None
     t0 = time.perf_counter()
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     rounds, raw = [], []
     with tempfile.TemporaryDirectory(prefix="trl-compare-") as tmp:
         for i in range(s["rounds"]):
@@ -525,7 +527,7 @@ def run_comparison(**settings) -> dict:
     ratios = pair_ratios(rounds)
     return {"settings": s, "rounds": rounds, "raw": raw, "ratios": ratios,
             "mean_ratio": sum(ratios) / len(ratios) if ratios else None, "wall_s": time.perf_counter() - t0,
-            "trl_version": TRL_VERSION,
+            "trl_version": TRL_VERSION, "machine": f"{cpu_model()}, {os.cpu_count()} cores", "started": started,
             "trl_non_defaults": trl_non_defaults(s)}
 
 
@@ -542,11 +544,13 @@ def markdown(result: dict) -> list[str]:
     model = "tiny random Llama" if s["model"] == "tiny" else Path(str(s["model"])).name
     lines = [f"## End to end: harness vs TRL {result.get('trl_version', TRL_VERSION)} `GRPOTrainer` "
              f"({''.join(s['order'])} x {s['rounds']})", "",
+             *([f"Machine: {result['machine']}; started {result['started']}.", ""] if "machine" in result else []),
              f"Same setup on both sides: {model} fp32, task `{s['task']}` (the harness's prompts, same order), "
              f"P={s['prompts']} prompts x G={s['group_size']}, {s['max_new_tokens']} new tokens, "
              f"temperature {s['temperature']}, top-p {s['top_p']}, no top-k, mu=1, beta={s['beta']}, "
              f"epsilon={s['epsilon']}, lr {s['lr']:g} AdamW (0.9, 0.99), max grad norm {s['max_grad_norm']}, "
-             f"token-mean loss (TRL `dapo`), group-scaled advantages, no vLLM, {s['threads']} torch threads, "
+             f"token-mean loss (TRL `dapo`), group-scaled advantages, TRL without vLLM (`use_vllm=False`), "
+             f"{s['threads']} torch threads, "
              f"seed {s['seed']}; each side a fresh process per round, {s['warmup']} untimed warm-up step(s) then "
              f"{s['steps']} timed step(s); model loading excluded. Throughput = completion tokens (up to and "
              f"including EOS) per second of whole training step."

@@ -9,6 +9,12 @@ A B A B ... with the bare-matmul ceiling measured in the same process between th
 * B = the unfused reference (plain autograd ops under activation checkpointing: what the trainer
   ran before issue 28), patched in for this benchmark only;
 
+with ``--compile body``, C = the fused head with the decoder body compiled whole by
+``torch.compile`` (inductor, ``dynamic=True``); with ``--compile mlp_norm``, only each layer's MLP
+and its two RMSNorms (the pieces without the key/value cache). The compiled modules are switched
+on and off in place between rounds, so A and C share the process, the weights and the batch; the
+first compiled update (compile included) is reported on its own;
+
 the fused head also at larger micro-batches (``--micro-batches 8 32``: a micro-batch of 8 rows is
 one group, ~370 forward tokens with prefix sharing; 32 rows run the four groups as one forward).
 
@@ -33,7 +39,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import time
 from datetime import date
 from pathlib import Path
@@ -44,7 +49,9 @@ from torch.utils.checkpoint import checkpoint
 from benchmarks.run_all import arith_prompts, matmul_gflops
 from harness import logprobs
 from harness.algo import build_algorithm
+from harness.logprobs import backbone
 from harness.models import EMBEDDED_NAME, load_causal_lm, load_tokenizer
+from harness.provenance import cpu_model
 from harness.rollout import SamplingParams, build_backend
 from harness.sweep import compose
 from harness.update import TrainBatch, policy_pass
@@ -122,6 +129,9 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--micro-batches", type=int, nargs="+", default=[8, 32],
                     help="train.micro_batch_size values of the fused variant (multiples of G=8; the unfused runs at 8)")
+    ap.add_argument("--compile", choices=["body", "mlp_norm"], default=None,
+                    help="also time the fused head with these decoder modules under torch.compile "
+                         "(body: minutes to compile on a CPU)")
     ap.add_argument("--out", type=Path, default=Path("results/update_mfu.json"))
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -141,11 +151,27 @@ def main(argv=None) -> int:
     flops, tokens = update_flops(model, batch, G)
     fused_apply = logprobs.LinearLogSoftmaxGather.apply
     variants = {f"fused_mb{mb}": ("fused", mb) for mb in args.micro_batches} | {"unfused_mb8": ("unfused", 8)}
+    if args.compile:
+        variants["compiled_mb8"] = ("compiled", 8)
     groups = group_tokens(batch, G)
+    body = backbone(model)
+    compiled = []  # [(module, its compiled call)]
+    compile_s = None
+    if args.compile:
+        mods = [body] if args.compile == "body" else [
+            m for layer in body.layers for m in (layer.mlp, layer.input_layernorm, layer.post_attention_layernorm)]
+        # in place (nn.Module.compile): the parameter names stay; toggled through the module's
+        # compiled call so that the eager variants run the same weights in the same process
+        for m in mods:
+            m.compile(dynamic=True)
+            compiled.append((m, m._compiled_call_impl))
+            m._compiled_call_impl = None
 
     def update(variant: str) -> float:
         head, mb = variants[variant]
-        logprobs.LinearLogSoftmaxGather.apply = fused_apply if head == "fused" else _unfused
+        logprobs.LinearLogSoftmaxGather.apply = _unfused if head == "unfused" else fused_apply
+        for m, call in compiled:
+            m._compiled_call_impl = call if head == "compiled" else None
         try:
             t = time.perf_counter()
             policy_pass(model, tb, algo, mb)
@@ -154,6 +180,11 @@ def main(argv=None) -> int:
             return time.perf_counter() - t
         finally:
             logprobs.LinearLogSoftmaxGather.apply = fused_apply
+            for m, _ in compiled:
+                m._compiled_call_impl = None
+
+    if args.compile:  # the first compiled update compiles forward and backward (dynamo + inductor)
+        compile_s = update("compiled_mb8")
 
     def ceiling(mb: int) -> float:
         f, s = shape_gemms(model, micro_batch_tokens(groups, G, mb))
@@ -173,15 +204,18 @@ def main(argv=None) -> int:
             rows[v].append(update(v))
     med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
     mm = med(rows["matmul"])
-    res = {"machine": platform.processor() or platform.machine(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+    res = {"machine": cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
            "threads": args.threads, "date": date.today().isoformat(), "completion_tokens": int(batch.completion_mask.sum()),
            "forward_tokens": tokens, "update_gflop": flops / 1e9, "matmul_gflops_median": mm,
+           "compile": args.compile, "compile_first_update_s": compile_s,
            **{f"shape_gemms_mb{mb}_gflops_median": med(rows[f"shape_gemms_mb{mb}"]) for mb in mbs}, "raw": rows}
     for v, (_, mb) in variants.items():
         s, sg = min(rows[v]), med(rows[f"shape_gemms_mb{mb}"])
         res[v] = {"micro_batch": mb, "best_s": s, "mean_s": sum(rows[v]) / len(rows[v]), "gflops": flops / s / 1e9,
                   "of_matmul": flops / s / 1e9 / mm, "of_shape_gemms": flops / s / 1e9 / sg}
     res["speedup_fused_mb8"] = res["unfused_mb8"]["best_s"] / res["fused_mb8"]["best_s"]
+    if args.compile:
+        res["speedup_compiled_mb8"] = res["fused_mb8"]["best_s"] / res["compiled_mb8"]["best_s"]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(res, indent=1))
     print(json.dumps({k: v for k, v in res.items() if k != "raw"}, indent=1))
