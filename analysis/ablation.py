@@ -266,10 +266,14 @@ def _pct(x: float) -> str:
 
 def _provenance_lines(records: list[RunRecord]) -> list[str]:
     keys = ["provenance.git.commit", "provenance.git.dirty", "provenance.version.torch",
-            "provenance.version.transformers", "provenance.machine.cpu", "provenance.machine.cores",
+            "provenance.version.transformers", "provenance.machine.cpu", "provenance.machine.cpu_family_model",
+            "provenance.machine.cpu_capability", "provenance.machine.cores",
             "provenance.data.eval.problems_sha256", "provenance.model.source_sha256"]
+    newer = {"provenance.machine.cpu_family_model", "provenance.machine.cpu_capability"}  # since 2026-12-04
     lines = []
     for k in keys:
+        if k in newer and not any(k in r.params for r in records):
+            continue
         vals = sorted({r.params.get(k, "<not recorded>") for r in records})
         flag = "" if len(vals) == 1 else " **(differs between runs)**"
         lines.append(f"- `{k[len('provenance.'):]}`: {', '.join(f'`{v}`' for v in vals)}{flag}")

@@ -641,7 +641,11 @@ def _annotate(spec: dict, records: dict, root: Path) -> tuple[list[str], str | N
             dirty.add(run.data.tags.get("git_dirty", "?"))
             cpu = run.data.params.get("provenance.machine.cpu")
             if cpu:
-                machines.add(f"{cpu} ({run.data.params.get('provenance.machine.cores', '?')} cores)")
+                # family/model and capability: recorded since 2026-12-04 (a VM may name Zen 3 and Zen 4 alike)
+                extra = [run.data.params[k] for k in ("provenance.machine.cpu_family_model",
+                                                      "provenance.machine.cpu_capability") if k in run.data.params]
+                cores = run.data.params.get("provenance.machine.cores", "?")
+                machines.add(f"{cpu} ({', '.join([*extra, f'{cores} cores'])})")
     lines = [f"git commit of the runs: {', '.join(sorted(commits))}; git_dirty: {', '.join(sorted(dirty))}"] \
         if commits else []
     return lines, " and ".join(sorted(machines)) or None

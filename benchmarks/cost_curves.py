@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import tempfile
 import time
 from pathlib import Path
@@ -39,6 +38,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from benchmarks.jobs import run_job  # noqa: E402
+from harness.provenance import cpu_label  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = {"P": 4, "G": 8, "T": 48}
@@ -131,7 +131,7 @@ def main(argv=None) -> None:
     ap.add_argument("extra", nargs="*", help="overrides for every point (after --)")
     args = ap.parse_args(argv)
     stamp = time.strftime("%Y-%m-%d", time.gmtime())
-    machine = platform.processor() or platform.machine()
+    machine = cpu_label()
     rows = []
     for p in points(args.only):
         with tempfile.TemporaryDirectory(prefix="cost-") as tmp:

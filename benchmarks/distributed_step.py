@@ -19,11 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from harness.provenance import cpu_label
 
 ROOT = Path(__file__).resolve().parents[1]
 KEYS = ["time/step_s", "time/rollout_s", "time/update_s", "perf/tokens_per_s", "perf/completion_tokens",
@@ -67,7 +68,7 @@ def main(argv=None) -> None:
         for ranks, sharding in jobs:
             rows.append(summary(run(ranks, overrides, Path(tmp) / f"r{ranks}-{sharding}", sharding)))
     one = rows[0]
-    print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+    print(f"{cpu_label()}, {os.cpu_count()} cores, "
           f"{time.strftime('%Y-%m-%d')}, overrides: {' '.join(overrides)}")
     print("| ranks | train.sharding | threads/rank | wall s | step s | rollout s | update s | tokens/s "
           "| peak mem GiB (max rank) | policy params per rank |")

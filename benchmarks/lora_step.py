@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import tempfile
 import time
 from pathlib import Path
 
 from benchmarks.jobs import run_job
+from harness.provenance import cpu_label
 
 ROOT = Path(__file__).resolve().parents[1]
 KEYS = ["time/step_s", "time/rollout_s", "time/update_s", "time/weight_sync_s", "perf/peak_mem_gib",
@@ -72,7 +72,7 @@ def main(argv=None) -> None:
         print(row(r), flush=True)
         with out.open("a") as f:
             f.write(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                                "machine": platform.processor() or platform.machine(), **r}) + "\n")
+                                "machine": cpu_label(), **r}) + "\n")
 
 
 if __name__ == "__main__":

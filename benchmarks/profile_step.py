@@ -34,7 +34,6 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import sys
 import time
 from collections import defaultdict
@@ -45,6 +44,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from benchmarks.trl_compare import _NoTracker
 from harness import progress
+from harness.provenance import cpu_label
 from harness.run import build_components
 from harness.sweep import compose
 from harness.trainer import Trainer
@@ -146,7 +146,7 @@ def main(argv=None) -> int:
     outside = step_s - sum(v["wall_s"] for v in table.values())
     result = {"backend": a.backend, "step_s": step_s, "outside_phases_s": outside, "phases": table,
               "metrics": {k: float(v) for k, v in m.items() if k.startswith(("time/", "perf/"))},
-              "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+              "machine": {"cpu": cpu_label(), "cores": os.cpu_count(),
                           "threads": a.threads, "torch": torch.__version__},
               "date": time.strftime("%Y-%m-%d"), "overrides": a.overrides,
               "note": "profiled step (profiler overhead included); phases nest: 'update' excludes the "

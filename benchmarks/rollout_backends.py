@@ -140,7 +140,7 @@ def render(result: dict) -> str:
         lines += ["", f"Rollout {h['rollout_s_mean'] / v['rollout_s_mean']:.2f}x faster with vllm, step "
                   f"{h['step_s_mean'] / v['step_s_mean']:.2f}x (the step also holds the update and the weight sync)."]
     gpu = ROOT / "results" / "gpu_rollout.jsonl"
-    lines += ["", f"GPU: `python -m benchmarks.gpu_rollout` (vLLM vs HF generate in bf16 at Qwen2.5-0.5B/1.5B "
+    lines += ["", "GPU: `python -m benchmarks.gpu_rollout` (vLLM vs HF generate in bf16 at Qwen2.5-0.5B/1.5B "
               "shapes, and one GRPO step) appends to `results/gpu_rollout.jsonl`; "
               + ("see that file." if gpu.exists() else "no GPU machine was available when this was written, so "
                  "there are no GPU figures yet.")]

@@ -28,7 +28,6 @@ import argparse
 import gc
 import json
 import os
-import platform
 import time
 from pathlib import Path
 
@@ -38,7 +37,7 @@ from benchmarks import trl_compare
 from harness.algo import build_algorithm
 from harness.models import EMBEDDED_NAME, load_causal_lm, load_tokenizer
 from harness.perf import PeakMemory
-from harness.provenance import cpu_model
+from harness.provenance import cpu_label
 from harness.rollout import SamplingParams, build_backend
 from harness.sweep import compose
 from harness.update import TrainBatch, padding_waste, policy_pass
@@ -179,7 +178,7 @@ def main(argv=None):
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     tok = load_tokenizer(EMBEDDED_NAME)
     model = load_causal_lm(EMBEDDED_NAME)
-    cpu = cpu_model()
+    cpu = cpu_label()
     lines = ["# Benchmarks (CPU)", "",
              f"Machine: {cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads, "
              f"torch {torch.__version__}, fp32, SmolLM2-135M-Instruct (embedded). Date: {time.strftime('%Y-%m-%d')}. "

@@ -51,7 +51,7 @@ from harness import logprobs
 from harness.algo import build_algorithm
 from harness.logprobs import backbone
 from harness.models import EMBEDDED_NAME, load_causal_lm, load_tokenizer
-from harness.provenance import cpu_model
+from harness.provenance import cpu_label
 from harness.rollout import SamplingParams, build_backend
 from harness.sweep import compose
 from harness.update import TrainBatch, policy_pass
@@ -204,7 +204,7 @@ def main(argv=None) -> int:
             rows[v].append(update(v))
     med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
     mm = med(rows["matmul"])
-    res = {"machine": cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+    res = {"machine": cpu_label(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
            "threads": args.threads, "date": date.today().isoformat(), "completion_tokens": int(batch.completion_mask.sum()),
            "forward_tokens": tokens, "update_gflop": flops / 1e9, "matmul_gflops_median": mm,
            "compile": args.compile, "compile_first_update_s": compile_s,

