@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 
 from harness.alloc import tune_malloc
-from harness.provenance import cpu_model
+from harness.provenance import cpu_label
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -527,7 +527,7 @@ def run_comparison(**settings) -> dict:
     ratios = pair_ratios(rounds)
     return {"settings": s, "rounds": rounds, "raw": raw, "ratios": ratios,
             "mean_ratio": sum(ratios) / len(ratios) if ratios else None, "wall_s": time.perf_counter() - t0,
-            "trl_version": TRL_VERSION, "machine": f"{cpu_model()}, {os.cpu_count()} cores", "started": started,
+            "trl_version": TRL_VERSION, "machine": f"{cpu_label()}, {os.cpu_count()} cores", "started": started,
             "trl_non_defaults": trl_non_defaults(s)}
 
 
