@@ -264,15 +264,18 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}"
 
 
+# the CPU's generation and vector ISA, recorded since 2026-12-04 (a VM may name Zen 3 and Zen 4
+# alike); reports show them only where a run recorded them, so older reports regenerate unchanged
+CPU_DETAIL_KEYS = ("provenance.machine.cpu_family_model", "provenance.machine.cpu_capability")
+
+
 def _provenance_lines(records: list[RunRecord]) -> list[str]:
     keys = ["provenance.git.commit", "provenance.git.dirty", "provenance.version.torch",
-            "provenance.version.transformers", "provenance.machine.cpu", "provenance.machine.cpu_family_model",
-            "provenance.machine.cpu_capability", "provenance.machine.cores",
+            "provenance.version.transformers", "provenance.machine.cpu", *CPU_DETAIL_KEYS, "provenance.machine.cores",
             "provenance.data.eval.problems_sha256", "provenance.model.source_sha256"]
-    newer = {"provenance.machine.cpu_family_model", "provenance.machine.cpu_capability"}  # since 2026-12-04
     lines = []
     for k in keys:
-        if k in newer and not any(k in r.params for r in records):
+        if k in CPU_DETAIL_KEYS and not any(k in r.params for r in records):
             continue
         vals = sorted({r.params.get(k, "<not recorded>") for r in records})
         flag = "" if len(vals) == 1 else " **(differs between runs)**"

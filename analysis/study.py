@@ -72,7 +72,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 from scipy import stats
 
-from analysis.ablation import RunRecord, bootstrap, load_sweep, min_detectable, per_problem, seeds_needed
+from analysis.ablation import CPU_DETAIL_KEYS, RunRecord, bootstrap, load_sweep, min_detectable, per_problem, seeds_needed
 
 RESULTS = Path("results")
 REGISTERED = ("claim", "source", "base", "arms", "control", "treatment", "seeds", "steps", "eval_size",
@@ -641,9 +641,7 @@ def _annotate(spec: dict, records: dict, root: Path) -> tuple[list[str], str | N
             dirty.add(run.data.tags.get("git_dirty", "?"))
             cpu = run.data.params.get("provenance.machine.cpu")
             if cpu:
-                # family/model and capability: recorded since 2026-12-04 (a VM may name Zen 3 and Zen 4 alike)
-                extra = [run.data.params[k] for k in ("provenance.machine.cpu_family_model",
-                                                      "provenance.machine.cpu_capability") if k in run.data.params]
+                extra = [run.data.params[k] for k in CPU_DETAIL_KEYS if k in run.data.params]
                 cores = run.data.params.get("provenance.machine.cores", "?")
                 machines.add(f"{cpu} ({', '.join([*extra, f'{cores} cores'])})")
     lines = [f"git commit of the runs: {', '.join(sorted(commits))}; git_dirty: {', '.join(sorted(dirty))}"] \

@@ -87,3 +87,16 @@ def test_report_from_real_runs(run_dir, dense_rewards, tmp_path):
     assert len(recs) == 6 and all(r.correct.shape == (3, 6) for r in recs)  # evals at steps 0, 1, 2
     assert ablation.main(["--tracking-uri", os.environ["MLFLOW_TRACKING_URI"], "--sweep", "nope",
                           "--out", str(out)]) == 2
+
+
+def test_provenance_lines_show_the_cpu_details_only_where_runs_recorded_them():
+    old = [_rec("grpo", s, [[1, 0]]) for s in (0, 1)]
+    for r in old:
+        r.params = {"provenance.machine.cpu": "AMD EPYC"}
+    lines = ablation._provenance_lines(old)
+    assert "- `machine.cpu`: `AMD EPYC`" in lines
+    assert not any("cpu_family_model" in ln or "cpu_capability" in ln for ln in lines)  # older report unchanged
+    old[1].params |= {"provenance.machine.cpu_family_model": "25/17", "provenance.machine.cpu_capability": "AVX512"}
+    lines = ablation._provenance_lines(old)
+    assert "- `machine.cpu_family_model`: `25/17`, `<not recorded>` **(differs between runs)**" in lines
+    assert "- `machine.cpu_capability`: `<not recorded>`, `AVX512` **(differs between runs)**" in lines
