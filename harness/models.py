@@ -60,9 +60,19 @@ def keep_float64(model):
     is replaced, per instance, by the same formula in the input's dtype. A no-op for other dtypes.
     (The rotary embedding's cos/sin stay fp32 tables cast to float64: the same values for the same
     positions, whatever the batch, so they change no comparison.)
+
+    A kernelized model (transformers' ``use_kernels``, on by default in 5.25; see
+    :func:`load_causal_lm`) is refused: each ``train()`` / ``eval()`` re-kernelizes it, which
+    rebinds every norm's forward to the library's (or a hub kernel's) and silently undoes this.
+
+    Raises:
+        ValueError: ``model.use_kernels`` is on.
     """
     if next(model.parameters()).dtype != torch.float64:
         return model
+    if getattr(model, "use_kernels", False):
+        raise ValueError(f"keep_float64: {type(model).__name__} has use_kernels=True; its train()/eval() would "
+                         "replace the float64 norms again: load it with use_kernels=False (load_causal_lm does)")
     for module in model.modules():
         if type(module).__name__.endswith("RMSNorm") and hasattr(module, "variance_epsilon"):
             module.forward = types.MethodType(_rms_norm_in_input_dtype, module)
@@ -204,7 +214,12 @@ def load_causal_lm(name_or_path: str, dtype: str = "float32", device: str = "cpu
         raise ModelLoadError(f"model.dtype={dtype!r}: expected one of {sorted(_DTYPES)}")
     path = resolve_model_path(name_or_path)
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[dtype])
+        # use_kernels=False: transformers 5.25 defaults it to True (5.19 to False), which swaps the layers
+        # decorated for hub kernels (RMSNorm, activations) for downloaded kernels where the hub is
+        # reachable, and re-kernelizes the model at every train()/eval(), rebinding each norm's forward:
+        # maths chosen by the network instead of the model's own, and keep_float64's norms silently
+        # undone (float64 runs then rounded every norm to fp32: issue 44). The harness runs the model's code.
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[dtype], use_kernels=False)
     except OSError as e:
         raise ModelLoadError(f"model.name_or_path={name_or_path!r}: cannot load model: {e}") from e
     return keep_float64(model).to(device)
