@@ -15,7 +15,14 @@ import math
 
 import torch
 
-from harness.algo import POLICY_LOSSES, AdvantageContext, compute_advantages, estimate_advantages, kl_penalty
+from harness.algo import (
+    POLICY_LOSSES,
+    ROLLOUT_CORRECTIONS,
+    AdvantageContext,
+    compute_advantages,
+    estimate_advantages,
+    kl_penalty,
+)
 from harness.algo.aggregation import aggregate_loss
 
 F64 = torch.float64
@@ -125,6 +132,18 @@ def test_nemo_rl_grpo_advantage_estimator_before_pr_1423():
     near = REWARDS[1:2]
     torch.testing.assert_close(compute_advantages(near, "grpo"), _nemo_rl_grpo(near, True, 1e-6),
                                rtol=1e-7, atol=0)
+
+
+def test_verl_compute_gpg_outcome_advantage():
+    """verl `core_algos.compute_gpg_outcome_advantage` (`f_norm` 1): `alpha = B / count_nonzero(r)`
+    over the batch, `A = alpha (r - mean_g)`. Harness: `advantage=gpg advantage.alpha=nonzero`
+    (the paper's `alpha = B / (B - M)` is the default)."""
+    r = REWARDS.clone()
+    r[0, 3] = 0.0  # 14 non-zero rewards of 20, 15 in varied groups: the two alphas differ
+    alpha = r.numel() / int((r != 0).sum())
+    verl = alpha * (r - r.mean(-1, keepdim=True))
+    torch.testing.assert_close(compute_advantages(r, "gpg", alpha="nonzero"), verl, **TOL)
+    assert not torch.allclose(compute_advantages(r, "gpg"), verl)
 
 
 def test_verl_compute_gae_advantage_return_lam_1():
@@ -305,3 +324,25 @@ def test_openrlhf_compute_approx_kl_k3():
     torch.testing.assert_close(kl_penalty(LOGP_KL, REF_KL, "k2", clamp=10.0), (lr.square() / 2).clamp(-10, 10),
                                **TOL)
     assert not torch.allclose(kl_penalty(LOGP_KL, REF_KL, "k1"), lr.clamp(-10, 10))
+
+
+# ----------------------------------------------------------------- rollout corrections
+
+
+SAMPLER_LOG_RATIO = torch.tensor([[0.3, -0.2, 1.6, 0.0, 0.0], [0.5, 0.0, 0.0, 0.0, 0.0],
+                                  [0.0, 0.0, 0.0, 0.0, 0.0], [-0.4, 0.1, 0.2, -19.0, 0.05]], dtype=F64)
+
+
+def test_verl_compute_rollout_correction_weights_token_and_sequence():
+    """verl `verl/trainer/ppo/rollout_corr_helper.py` `compute_rollout_correction_weights`
+    (`rollout_is="token"` / `"sequence"`, `rollout_is_batch_normalize=False`): `exp` of the token
+    log-ratio (or of its masked sum over the row), bounded to [-20, 20] first, then
+    `clamp(max=rollout_is_threshold)` (default 2.0). Harness: `rollout_correction=token_truncate`
+    / `sequence_truncate` with `rollout_correction.cap=2` (log-ratios inside [-20, 20])."""
+    lr = SAMPLER_LOG_RATIO
+    token = lr.clamp(-20, 20).exp().clamp(max=2.0) * MASK
+    seq = (lr * MASK).sum(-1, keepdim=True).clamp(-20, 20).exp().clamp(max=2.0).expand_as(lr) * MASK
+    for name, verl in (("token_truncate", token), ("sequence_truncate", seq)):
+        spec = ROLLOUT_CORRECTIONS.spec(name)
+        torch.testing.assert_close(spec.fn(lr, MASK, spec.build(cap=2.0)), verl, **TOL)
+        assert not torch.allclose(spec.fn(lr, MASK, spec.build()), verl)  # the default cap is 3
