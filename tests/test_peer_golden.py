@@ -279,6 +279,25 @@ def test_trl_compute_loss_loss_type_cispo():
     assert not torch.isclose(aggregate_loss(default, MASK, "token-mean"), trl)
 
 
+def test_verl_compute_policy_loss_cispo():
+    """verl `core_algos.compute_policy_loss_cispo`: `-clamp(r, 1 - clip_ratio_low, 1 + clip_ratio_high)
+    .detach() * A * log pi` (log-ratio bounded to +-20), aggregated by `agg_loss`. Harness:
+    `policy_loss=cispo policy_loss.epsilon_low=<clip_ratio_low> policy_loss.epsilon_high=<clip_ratio_high>`
+    (the default has no lower bound, as the paper); gradients checked too."""
+    low, high = 0.2, 0.28
+    logp, per_token = _loss("cispo", epsilon_low=low, epsilon_high=high)
+    ours = aggregate_loss(per_token, MASK, "token-mean")
+    ours.backward()
+    logp_v = (LOG_RATIO - 1.0).clone().requires_grad_()
+    r = (logp_v + 1.0).clamp(-20, 20).exp()
+    verl = (-r.clamp(1 - low, 1 + high).detach() * ADV * logp_v * MASK).sum() / MASK.sum()
+    verl.backward()
+    torch.testing.assert_close(ours, verl, **TOL)
+    torch.testing.assert_close(logp.grad, logp_v.grad, **TOL)
+    _, no_low = _loss("cispo", epsilon_high=high)
+    assert not torch.isclose(aggregate_loss(no_low, MASK, "token-mean"), verl)
+
+
 def test_openrlhf_policy_loss_gspo():
     """OpenRLHF `openrlhf/models/loss.py` `PolicyLoss`, `policy_loss_type="gspo"`: the sequence
     ratio `exp(sum_t m log r / L)` at every token, `-min(s A, clamp(s, 1 - eps, 1 + eps_high) A)`,
@@ -346,3 +365,22 @@ def test_verl_compute_rollout_correction_weights_token_and_sequence():
         spec = ROLLOUT_CORRECTIONS.spec(name)
         torch.testing.assert_close(spec.fn(lr, MASK, spec.build(cap=2.0)), verl, **TOL)
         assert not torch.allclose(spec.fn(lr, MASK, spec.build()), verl)  # the default cap is 3
+
+
+def test_trl_grpo_trainer_get_off_policy_mask():
+    """TRL `GRPOTrainer.get_off_policy_mask`: keep a sequence where `A >= 0` or its mean over valid
+    tokens of `log pi_sampler - log pi_theta` is `<= off_policy_mask_threshold`, drop it otherwise.
+    Harness: `rollout_correction=off_policy_sequence_mask rollout_correction.threshold=<threshold>`."""
+    threshold = 0.45
+    current = -SAMPLER_LOG_RATIO  # log pi_theta - log pi_sampler
+    adv = torch.tensor([-1.0, -0.5, -2.0, 0.0], dtype=F64)
+    kl = ((-current) * MASK).sum(1, keepdim=True) / MASK.sum(1, keepdim=True).clamp(min=1.0)
+    trl = ((adv[:, None] >= 0) | (kl <= threshold)).to(F64) * MASK
+    spec = ROLLOUT_CORRECTIONS.spec("off_policy_sequence_mask")
+    ours = spec.fn(torch.zeros_like(current), MASK, spec.build(threshold=threshold), advantages=adv,
+                   current_log_ratio=current * MASK)
+    torch.testing.assert_close(ours, trl, **TOL)
+    # rows 0 and 1 (mean divergence 0.57 and 0.5, A < 0) are dropped; the default 0.5 keeps row 1
+    assert ours.sum(1).tolist() == [0.0, 0.0, 0.0, 5.0]
+    default = spec.fn(torch.zeros_like(current), MASK, spec.build(), advantages=adv, current_log_ratio=current * MASK)
+    assert default.sum(1).tolist() == [0.0, 1.0, 0.0, 5.0]
