@@ -118,7 +118,8 @@ def _nemo_rl_grpo(r: torch.Tensor, bessel: bool, eps: float) -> torch.Tensor:
 
 def test_nemo_rl_grpo_advantage_estimator_before_pr_1423():
     """NeMo-RL `nemo_rl/algorithms/advantage_estimator.py` `GRPOAdvantageEstimator` before PR
-    #1423 (2025-11-13): the population std of the group, no eps. Harness:
+    #1423 (2025-11-13; `nemo_rl/algorithms/utils.py` read at the PR's parent, `7124e44^`): the
+    population std of the group, `sqrt(E[r^2] - E[r]^2)`, no eps, unscaled where it is 0. Harness:
     `advantage=grpo advantage.unbiased=false advantage.eps=0`. Since the PR (Bessel, + 1e-6, read
     at 7ea279a) it is `advantage=grpo` as it stands, checked here too."""
     # the constant group is exactly 0 on both sides; NeMo-RL's E[r^2] - E[r]^2 of the
