@@ -60,3 +60,10 @@ bench: $(STAMP)
 
 clean:
 	rm -rf outputs multirun checkpoints mlflow.db mlflow.db.lock optuna.db mlruns mlartifacts
+
+# What a bare GPU machine lacks (no network there, 64 MiB carried): the wheels of hydra, mlflow's client,
+# optuna... for CPython 3.12 manylinux and the embedded tokenizer, into .gpu-bundle/ (< 60 MiB, size printed).
+# There: python -m benchmarks.gpu_bundle unpack .gpu-bundle; PYTHONPATH=.gpu-bundle/site (benchmarks/gpu_bundle.py).
+.PHONY: gpu-bundle
+gpu-bundle: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.gpu_bundle build .gpu-bundle
