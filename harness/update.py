@@ -138,7 +138,8 @@ def padding_waste(prompt_mask: torch.Tensor, completion_mask: torch.Tensor, size
     for start in range(0, len(order), size):
         idx = order[start : start + size]
         p0, tc = _trim_bounds(prompt_mask[idx], completion_mask[idx])
-        prompt_rows = prompt_groups(prompt_ids[idx], prompt_mask[idx])[0] if share else torch.arange(len(idx))
+        prompt_rows = prompt_groups(prompt_ids[idx], prompt_mask[idx])[0] if share else \
+            torch.arange(len(idx), device=prompt_mask.device)
         slots += len(prompt_rows) * (prompt_mask.shape[1] - p0) + len(idx) * tc
         real += int(prompt_mask[idx][prompt_rows].sum() + completion_mask[idx].sum())
     return 1.0 - real / max(slots, 1)
@@ -262,6 +263,7 @@ def policy_pass(policy, batch: TrainBatch, algo: Algorithm, micro_batch_size: in
             )
         old = mb.old_logprobs if mb.old_logprobs is not None else logp.detach()
         if logprobs_out is not None:
+            # sync: StepRecord.logprobs stays with the CPU batch; the first of the mu passes only
             logprobs_out[idx, : logp.shape[1]] = logp.detach().to(logprobs_out.device, logprobs_out.dtype)
         weights = None
         if correction.name != "none":
@@ -284,12 +286,14 @@ def policy_pass(policy, batch: TrainBatch, algo: Algorithm, micro_batch_size: in
         loss.backward()
         stats["entropy"] = masked_mean(entropy.detach(), mask)
         stats["loss"] = loss.detach() * 1.0  # summed over micro-batches = full-batch loss
-        w = float(mask.sum()) / total_tokens
+        # summed on the device in float64 (the same sums python floats gave): no host sync per micro-batch
+        w = mask.sum(dtype=torch.float64) / total_tokens
         for k, v in stats.items():
-            v = float(v)
+            v = torch.as_tensor(v, dtype=torch.float64, device=dev).detach()
             sums[k] = sums.get(k, 0.0) + (v if k == "loss" else v * w)
         bar.update(1)
     bar.close()
+    sums = dict(zip(sums, torch.stack(list(sums.values())).tolist())) if sums else {}  # one sync per pass
     for _ in range(idle):
         with autocast(fwd.precision, dev.type):
             idle_backward(policy, share)
@@ -322,7 +326,7 @@ def batched_forward(fn, prompt_ids, prompt_mask, completion_ids, completion_mask
             part = upcast(fn(move(prompt_ids[idx, p0:]), move(prompt_mask[idx, p0:]),
                              move(completion_ids[idx, :tc]), move(completion_mask[idx, :tc])))
             out = out.to(part.dtype)  # float64 from the first float64 part on (the zeros so far are exact)
-            out[idx, :tc] = part.to(out.device)
+            out[idx, :tc] = part.to(out.device)  # sync: old/ref log-probs and values join the CPU batch
             bar.update(1)
     return out
 

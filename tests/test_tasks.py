@@ -1,9 +1,16 @@
 """Tasks: data loading, gold extraction, seeded eval subsets, the arith generator, prompts, rewards."""
 
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 import torch
 
 from harness.tasks import build_task
 from harness.tasks.arith import make_problem
+from harness import progress
+from harness.tasks.data import DataError, hf_datasets, load_jsonl
 from harness.tasks.gsm8k import gold_from_answer
 from tests.conftest import QUICK, compose
 
@@ -105,3 +112,25 @@ def test_unparseable_numeric_gold_is_reported_once_per_problem(caplog):
     assert task.unparseable_golds == 1
     assert len([r for r in caplog.records if "problem b" in r.getMessage()]) == 1
     assert task.score(["#### twelve"], ["twelve"])[0].correct is False  # never rewarded 1
+
+
+def test_without_datasets_loading_data_is_a_clear_error_and_the_rest_runs(monkeypatch, tmp_path):
+    # the GPU bundle (benchmarks/gpu_bundle.py) leaves datasets out: its pyarrow is 55 MB
+    monkeypatch.setitem(sys.modules, "datasets", None)  # import datasets -> ModuleNotFoundError
+    with pytest.raises(DataError, match="needs the `datasets` package"):
+        hf_datasets()
+    f = tmp_path / "train.jsonl"
+    f.write_text('{"question": "1+1", "answer": "#### 2"}\n')
+    with pytest.raises(DataError, match="needs the `datasets` package"):  # not reported as a malformed line
+        load_jsonl(f)
+    progress.library_bars(False)  # transformers' and the hub's bars are still switched
+    progress.library_bars(True)
+
+
+def test_harness_run_imports_without_datasets_or_pyarrow():
+    code = ("import sys; sys.modules['datasets'] = None; sys.modules['pyarrow'] = None; import harness.run; "
+            "print(sorted(m for m in ('datasets', 'pyarrow') if sys.modules.get(m) is not None))")
+    p = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.strip() == "[]"

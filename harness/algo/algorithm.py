@@ -207,7 +207,7 @@ def build_algorithm(cfg: Any) -> Algorithm:
     )
 
 
-def dry_run(algo: Algorithm, group_size: int) -> None:
+def dry_run(algo: Algorithm, group_size: int) -> None:  # cpu: a synthetic host batch: it checks params, not devices
     """Run every piece of ``algo`` once on a synthetic batch of 2 prompts x ``group_size``
     completions of 3 tokens: the estimator (with the inputs it declares it needs), the policy
     loss, the aggregation, the group filter, the length penalty, the KL and entropy controllers and

@@ -32,7 +32,7 @@ class NoFilterParams:
 @GROUP_FILTERS.register("none", params=NoFilterParams)
 def keep_all(rewards: Tensor, p: NoFilterParams) -> Tensor:
     """Keep every group. Shapes: ``rewards`` ``[P, G]`` -> ``[P]`` all True."""
-    return torch.ones(rewards.shape[0], dtype=torch.bool)
+    return torch.ones(rewards.shape[0], dtype=torch.bool, device=rewards.device)
 
 
 @dataclass

@@ -288,6 +288,7 @@ def clip_cov(logprobs, old_logprobs, advantages, mask, p: ClipCovParams, weights
         cov = _covariance(adv, logprobs, mask)
         cand = ((cov > p.clip_cov_lb) & (cov < p.clip_cov_ub) & (mask > 0) & ~clipped).nonzero()
         k = max(int(p.clip_cov_ratio * float(mask.sum())), 1)
+        # cpu: drawn by the CPU generator, so that a CUDA run picks the tokens a CPU run picks
         chosen = cand[torch.randperm(len(cand))[:k]] if len(cand) else cand
         keep = torch.ones_like(loss)
         keep[chosen[:, 0], chosen[:, 1]] = 0.0
@@ -326,7 +327,8 @@ def kl_cov(logprobs, old_logprobs, advantages, mask, p: KLCovParams, weights=Non
         sel = sel.view_as(loss) * (mask > 0)
     loss = _weighted(loss + sel * p.ppo_kl_coef * lr.abs(), weights, mask)
     stats = _ratio_stats(logprobs, old_logprobs, mask)
-    stats.update({k: torch.zeros((), dtype=loss.dtype) for k in ("clip_frac", "clip_frac_low", "clip_frac_high")})
+    stats.update({k: torch.zeros((), dtype=loss.dtype, device=loss.device)
+                  for k in ("clip_frac", "clip_frac_low", "clip_frac_high")})
     stats["cov_selected_frac"] = masked_mean(sel, mask)
     return loss, stats
 
@@ -350,7 +352,8 @@ def pg(logprobs, old_logprobs, advantages, mask, p: PGParams, weights=None) -> T
     adv = token_advantages(logprobs, old_logprobs, advantages, mask)
     loss = _weighted(-adv * logprobs, weights, mask)
     stats = _ratio_stats(logprobs, old_logprobs, mask)
-    stats.update({k: torch.zeros((), dtype=loss.dtype) for k in ("clip_frac", "clip_frac_low", "clip_frac_high")})
+    stats.update({k: torch.zeros((), dtype=loss.dtype, device=loss.device)
+                  for k in ("clip_frac", "clip_frac_low", "clip_frac_high")})
     return loss, stats
 
 

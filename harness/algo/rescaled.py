@@ -127,7 +127,7 @@ def gpg_advantages(rewards: Tensor, valid: Tensor, p: GPGParams, state: Optional
     n_valid = valid.sum().to(rewards.dtype)
     informative = {"groups": (valid & ~degenerate).sum(), "nonzero": (valid & (rewards != 0)).sum(),
                    "none": n_valid}[p.alpha].to(rewards.dtype)
-    alpha = n_valid / informative if informative > 0 else torch.ones((), dtype=rewards.dtype)
+    alpha = n_valid / informative if informative > 0 else torch.ones((), dtype=rewards.dtype, device=rewards.device)
     return _finalise(alpha * adv, valid, degenerate)
 
 

@@ -266,7 +266,7 @@ def gdpo(ctx: AdvantageContext, p: GDPOParams) -> AdvantageOutput:
     comp = comp.to(m.dtype)
     z = (comp - comp.mean(dim=1, keepdim=True)) / (comp.std(dim=1, keepdim=True) + p.eps)
     s = (z * w.to(m.dtype)).sum(-1)
-    std = s.std() if s.numel() > 1 else torch.zeros((), dtype=s.dtype)
+    std = s.std() if s.numel() > 1 else torch.zeros((), dtype=s.dtype, device=s.device)
     return AdvantageOutput(advantages=broadcast((s - s.mean()) / (std + p.eps), m))
 
 

@@ -117,6 +117,7 @@ class RolloutBatch:
 
     def select(self, rows: torch.Tensor | list[int]) -> "RolloutBatch":
         """A new batch with only ``rows`` (whole groups; used by dynamic sampling)."""
+        # cpu: row indices of the CPU rollout batch
         rows = torch.as_tensor(rows, dtype=torch.long)
         return RolloutBatch(
             self.prompt_ids[rows], self.prompt_mask[rows], self.completion_ids[rows],
@@ -159,7 +160,7 @@ def concat_batches(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
     )
 
 
-def empty_batch(group_size: int, pad_id: int) -> RolloutBatch:
+def empty_batch(group_size: int, pad_id: int) -> RolloutBatch:  # cpu: a rollout batch lives on the CPU
     """A batch of 0 rows (a data-parallel rank whose groups were all filtered out this step)."""
     z = torch.full((0, 1), pad_id, dtype=torch.long)
     return RolloutBatch(z, torch.zeros((0, 1), dtype=torch.long), z.clone(), torch.zeros((0, 1), dtype=torch.long),

@@ -74,7 +74,8 @@ class EpisodeRollout:
             self.backend.close()
 
     @torch.no_grad()
-    def generate(self, prompts: list[str], num_samples: int, params: SamplingParams) -> RolloutBatch:
+    def generate(self, prompts: list[str], num_samples: int,
+                 params: SamplingParams) -> RolloutBatch:  # cpu: a rollout batch lives on the CPU
         """``num_samples`` episodes per prompt, rows group-major (:class:`RolloutBatch` with
         ``observation_mask`` and ``episode`` counts).
 

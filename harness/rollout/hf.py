@@ -81,6 +81,7 @@ class _LogprobRecorder:
             self.out.append(self.prev.gather(1, completion[:, len(self.out) : len(self.out) + 1]).squeeze(1))
         self.prev = None
         if not self.out:
+            # cpu: as the other branch's .cpu(): a rollout batch lives on the CPU
             return torch.zeros(completion.shape, dtype=torch.float32)
         return torch.stack(self.out[: completion.shape[1]], dim=1).cpu()
 
@@ -223,7 +224,7 @@ class HFRollout:
         if completion.shape[1] == 0:  # max_new_tokens=0 or immediate stop
             completion = torch.full((len(rows), 1), self.tokenizer.pad_token_id, device=seq.device)
             mask = torch.zeros_like(completion)
-            truncated = torch.ones(len(rows), dtype=torch.bool)
+            truncated = torch.ones(len(rows), dtype=torch.bool, device=seq.device)
         else:
             mask, truncated = completion_mask_from_ids(completion, self.eos_ids)
         texts = self.tokenizer.batch_decode(completion * mask + self.tokenizer.pad_token_id * (1 - mask),

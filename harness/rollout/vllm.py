@@ -164,7 +164,8 @@ class VLLMRollout:
             self.asleep = False
 
     @torch.no_grad()
-    def generate(self, prompts: list[str], num_samples: int, params: SamplingParams) -> RolloutBatch:
+    def generate(self, prompts: list[str], num_samples: int,
+                 params: SamplingParams) -> RolloutBatch:  # cpu: a rollout batch lives on the CPU
         """Sample ``num_samples`` completions for each prompt (rows group-major).
 
         ``params.seed`` seeds each prompt's request by the index of its first row in the whole

@@ -7,9 +7,23 @@ import logging
 import os
 from pathlib import Path
 
-import datasets
-
 log = logging.getLogger(__name__)
+
+
+def hf_datasets():
+    """The ``datasets`` module, imported on first use: only the gsm8k / math loaders need it, and it
+    pulls ``pyarrow`` (a 55 MB wheel for CPython 3.12), which the GPU machine's bundle
+    (``make gpu-bundle``) cannot carry; ``task=arith`` runs without it.
+
+    Raises:
+        DataError: ``datasets`` is not installed (naming the package to install).
+    """
+    try:
+        import datasets  # lazy: pyarrow (55 MB) is too large for the GPU bundle; see the docstring
+    except ModuleNotFoundError as e:
+        raise DataError("loading a task's data files needs the `datasets` package (pip install datasets); "
+                        "task=arith needs no data") from e
+    return datasets
 
 
 class DataError(ValueError):
@@ -52,8 +66,9 @@ def load_jsonl(path: Path) -> list[dict]:
     """
     if not path.is_file():
         raise DataError(f"data file {str(path)!r} not found; expected JSON Lines at that path")
+    load = hf_datasets().load_dataset  # outside the try: a missing package is not a malformed line
     try:
-        ds = datasets.load_dataset("json", data_files=str(path), split="train")
+        ds = load("json", data_files=str(path), split="train")
     except Exception as e:  # datasets wraps parse errors in several types
         raise DataError(_find_bad_line(path)) from e
     return ds.to_list()

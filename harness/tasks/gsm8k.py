@@ -5,10 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-import datasets
-
 from harness.tasks.base import TASKS, Problem, Shot, Task, TaskConfig
-from harness.tasks.data import load_jsonl, require_fields, resolve_data_dir
+from harness.tasks.data import hf_datasets, load_jsonl, require_fields, resolve_data_dir
 
 ENV_VAR = "HARNESS_GSM8K_DIR"
 
@@ -66,7 +64,7 @@ class GSM8KTask(Task):
                 rows, source = load_jsonl(path), str(path)
                 self.record_source(split, path)
             else:
-                ds = datasets.load_dataset(cfg.hub_id, cfg.hub_config, split=split)
+                ds = hf_datasets().load_dataset(cfg.hub_id, cfg.hub_config, split=split)
                 rows = ds.to_list()
                 source = f"{cfg.hub_id}[{split}]"
                 self.record_source(split, f"hub:{cfg.hub_id}/{cfg.hub_config}[{split}]", getattr(ds, "_fingerprint", ""))

@@ -5,10 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-import datasets
-
 from harness.tasks.base import TASKS, Problem, Shot, Task, TaskConfig
-from harness.tasks.data import load_jsonl, require_fields, resolve_data_dir
+from harness.tasks.data import hf_datasets, load_jsonl, require_fields, resolve_data_dir
 from harness.verifiers import extract_boxed
 from harness.verifiers.batch import MathVerifyParams
 
@@ -81,16 +79,16 @@ class MathTask(Task):
 
     def _hub_rows(self):
         cfg = self.cfg
-        names = datasets.get_dataset_config_names(cfg.hub_train_id)
+        names = hf_datasets().get_dataset_config_names(cfg.hub_train_id)
         train = []
         for name in names:
-            for r in datasets.load_dataset(cfg.hub_train_id, name, split="train"):
+            for r in hf_datasets().load_dataset(cfg.hub_train_id, name, split="train"):
                 level = str(r.get("level", "")).replace("Level ", "")
                 train.append({
                     "problem": r["problem"], "answer": extract_boxed(r["solution"]) or "",
                     "subject": r.get("type"), "level": int(level) if level.isdigit() else None,
                 })
-        evals = datasets.load_dataset(cfg.hub_eval_id, split="test")
+        evals = hf_datasets().load_dataset(cfg.hub_eval_id, split="test")
         self.record_source("train", f"hub:{cfg.hub_train_id}[{','.join(names)}]")
         self.record_source("test", f"hub:{cfg.hub_eval_id}[test]", getattr(evals, "_fingerprint", ""))
         evals = evals.to_list()
