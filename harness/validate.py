@@ -241,9 +241,13 @@ def _adapter_folder(node) -> None:
         raise ConfigError(str(e)) from None
     where = f"lora.adapter_path={path!r}: its {ADAPTER_CONFIG}"
     _check(conf.get("peft_type") == "LORA", f"{where} has peft_type={conf.get('peft_type')!r}; expected 'LORA'")
-    for key, want in (("use_rslora", False), ("use_dora", False), ("bias", "none"), ("modules_to_save", None)):
-        _check(conf.get(key, want) in (want, [] if want is None else want),
-               f"{where} has {key}={conf.get(key)!r}; lora=peft trains plain LoRA ({key}={want!r})")
+    _check(conf.get("bias", "none") == "none", f"{where} has bias={conf.get('bias')!r}; lora=peft trains plain "
+           "LoRA (bias='none')")
+    for key in ("use_rslora", "use_dora", "modules_to_save", "rank_pattern", "alpha_pattern", "layers_to_transform",
+                "exclude_modules"):  # each would make the layers differ from what lora.* describes
+        _check(conf.get(key) in (None, False, {}, []),
+               f"{where} has {key}={conf.get(key)!r}; lora=peft trains plain LoRA (lora.r, lora.alpha and "
+               f"lora.target_modules alone), which has no {key}")
     targets = conf.get("target_modules")
     pairs = (("r", conf.get("r"), int(node.r)), ("alpha", conf.get("lora_alpha"), float(node.alpha)),
              ("dropout", conf.get("lora_dropout"), float(node.dropout)))

@@ -145,6 +145,12 @@ def test_bad_adapter_folders_and_keep_final_merged_without_lora_are_refused(tmp_
     (tmp_path / "model").mkdir()
     with pytest.raises(ConfigError, match=r"the folder has no adapter_config.json"):
         validate(compose(*RUN, f"lora.adapter_path={tmp_path / 'model'}"))
+    (tmp_path / "dora").mkdir()  # a peft adapter that is not plain LoRA: lora.* would not describe it
+    (tmp_path / "dora" / ADAPTER_CONFIG).write_text(json.dumps({
+        "peft_type": "LORA", "r": 2, "lora_alpha": 16.0, "lora_dropout": 0.0, "use_dora": True,
+        "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}))
+    with pytest.raises(ConfigError, match=r"has use_dora=True; lora=peft trains plain LoRA"):
+        validate(compose(*RUN, f"lora.adapter_path={tmp_path / 'dora'}"))
     with pytest.raises(ConfigError, match="checkpoint.keep_final=merged with lora=none: there are no adapters"):
         validate(compose(*QUICK, "checkpoint.keep_final=merged"))
     with pytest.raises(Exception, match="adapter_path"):  # lora=none has no such key: nothing would read it
