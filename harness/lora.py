@@ -212,6 +212,11 @@ class LoraConfig:
     Defaults follow verl (``lora_alpha: 16``, ``target_modules: all-linear``, which on a Llama-style
     model is these seven projections, the LM head excluded) and peft's ``LoraConfig`` (``r=8``,
     ``lora_dropout=0.0``).
+
+    A finished run keeps peft's adapter folder (``checkpoint.keep_final=weights``, the default) or
+    the merged model (``checkpoint.keep_final=merged``) in ``<checkpoint dir>/final/``;
+    ``adapter_path`` starts a run from such an adapter folder (docs/lora.md, "What a finished run
+    keeps").
     """
 
     name: str = "peft"
