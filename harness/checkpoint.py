@@ -16,11 +16,15 @@ import torch
 log = logging.getLogger(__name__)
 _NAME = re.compile(r"^step_(\d+)\.pt$")
 
-KEEP_FINAL = ("weights", "full", "none")
+KEEP_FINAL = ("weights", "merged", "full", "none")
 """``checkpoint.keep_final``: what a finished run's folder keeps besides its finished marker."""
+KEEP_FOLDER = ("weights", "merged")
+"""The ``keep_final`` values that write the final policy as a folder (:data:`FINAL_WEIGHTS`)."""
 FINAL_WEIGHTS = "final"
-"""The folder (``<checkpoint dir>/final/``) of a finished run's policy weights: a Hugging Face model
-folder (``model.safetensors``, ``config.json``, the tokenizer) that ``model.name_or_path`` loads."""
+"""The folder (``<checkpoint dir>/final/``) of a finished run's policy: a Hugging Face model folder
+(``model.safetensors``, ``config.json``, the tokenizer) that ``model.name_or_path`` loads; for
+``lora=peft`` with ``keep_final=weights`` peft's adapter folder (``adapter_config.json``,
+``adapter_model.safetensors``, the tokenizer: :meth:`harness.lora.PeftLora.save_final`)."""
 MODEL_STATES = ("policy", "optimizer", "ref", "critic", "lagged")
 """The entries of a checkpoint that hold model or optimizer state (a finished marker drops them);
 ``lagged``: a stale run's behaviour weights and pending versions (:mod:`harness.staleness`)."""
@@ -55,14 +59,16 @@ def save(folder: str | Path, step: int, state: dict, keep: int = 2) -> Path:
     return path
 
 
-def save_final_weights(folder: str | Path, model, state_dict: dict, tokenizer=None) -> Path:
-    """Write the final policy weights as ``folder/final/`` (safetensors, the model's config and the
-    tokenizer), atomically: a temporary folder renamed over any previous one. Returns the folder."""
+def save_final_weights(folder: str | Path, write, tokenizer=None) -> Path:
+    """Write the final policy as ``folder/final/`` atomically: ``write(tmp)`` fills a temporary
+    folder (the weights: :meth:`harness.lora.FullFineTuning.save_final`), the tokenizer is added,
+    and the folder is renamed over any previous one. Returns the folder."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     dest, tmp = folder / FINAL_WEIGHTS, folder / f".{FINAL_WEIGHTS}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
+    tmp.mkdir()
+    write(tmp)
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp)
     if dest.exists():
@@ -73,16 +79,16 @@ def save_final_weights(folder: str | Path, model, state_dict: dict, tokenizer=No
 
 def finished_marker(state: dict, keep_final: str) -> dict:
     """The finished run's checkpoint as ``checkpoint.keep_final`` keeps it: whole for ``full``; for
-    ``weights`` and ``none`` without :data:`MODEL_STATES` (the step, the MLflow run id, the config
+    ``weights``, ``merged`` and ``none`` without :data:`MODEL_STATES` (the step, the MLflow run id, the config
     key and the unsent metrics stay: what an idempotent rerun reads)."""
     if keep_final == "full":
         return {**state, "keep_final": keep_final}
     return {**{k: v for k, v in state.items() if k not in MODEL_STATES}, "keep_final": keep_final,
-            "weights": FINAL_WEIGHTS if keep_final == "weights" else None}
+            "weights": FINAL_WEIGHTS if keep_final in KEEP_FOLDER else None}
 
 
 def has_model_states(state: dict) -> bool:
-    """Whether a checkpoint can be resumed from (a ``keep_final=weights|none`` marker cannot)."""
+    """Whether a checkpoint can be resumed from (a ``keep_final=weights|merged|none`` marker cannot)."""
     return state.get("policy") is not None and state.get("optimizer") is not None
 
 

@@ -122,8 +122,10 @@ class CheckpointConfig:
     dir: Optional[str] = None  # None = <hydra output dir>/checkpoints
     every: int = 4  # steps between checkpoints (0 = only at the end)
     keep: int = 1  # checkpoints kept on disk while the run goes on (0 = all)
-    # what a finished run keeps besides its finished marker: weights (the final policy as safetensors in
-    # <dir>/final/) | full (the final checkpoint with optimizer state: needed to train longer) | none
+    # what a finished run keeps besides its finished marker: weights (the final policy in <dir>/final/: the
+    # model as safetensors, or with lora=peft peft's adapter folder) | merged (lora=peft only: the merged model
+    # W + (alpha / r) B A in <dir>/final/, loadable without peft) | full (the final checkpoint with optimizer
+    # state: needed to train longer) | none
     keep_final: str = "weights"
 
 

@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
+from harness.digest import tensors_sha256
 from harness.lora import base_state_dict
 from harness.models import EMBEDDED_NAME, cache_dir, find_embedded_gguf
 
@@ -80,20 +81,7 @@ def cached_file_sha256(path: str | Path) -> str:
 def state_dict_sha256(module) -> str:
     """sha256 over a module's state dict: each tensor's name, dtype, shape and bytes, in name order.
     A module with LoRA layers: over its base weights (:func:`harness.lora.base_state_dict`, unmerged)."""
-    return _tensors_sha256(base_state_dict(module, merged=False))
-
-
-def _tensors_sha256(tensors: dict) -> str:
-    h = hashlib.sha256()
-    for name, t in sorted(tensors.items()):
-        t = t.detach().cpu().contiguous()
-        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(t.view(-1).view(dtypes_as_bytes(t)).numpy().tobytes())
-    return h.hexdigest()
-
-
-def dtypes_as_bytes(t):
-    return torch.uint8 if t.element_size() == 1 else {2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+    return tensors_sha256(base_state_dict(module, merged=False))
 
 
 def problems_sha256(problems) -> str:
@@ -227,7 +215,7 @@ def collect(cfg=None, task=None, policy=None, weights_sha256: str | None = None)
     if adapter is not None and adapter.name != "none":
         out["model.adapter"] = json.dumps(OmegaConf.to_container(adapter, resolve=True), sort_keys=True)
         if policy is not None:
-            out["model.adapter_sha256"] = _tensors_sha256(
+            out["model.adapter_sha256"] = tensors_sha256(
                 {n: p for n, p in policy.named_parameters() if p.requires_grad and ".lora_" in n})
     if cfg is not None:
         out["model.source_sha256"] = model_source_sha256(cfg.model.name_or_path, bool(cfg.model.tiny_config))

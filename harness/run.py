@@ -34,7 +34,7 @@ from harness.algo import Algorithm, build_algorithm
 from harness.config import register_configs
 from harness.critic import Critic
 from harness.distributed import train_device, world
-from harness.lora import build_adapters
+from harness.lora import ADAPTER_CONFIG, build_adapters
 from harness.models import ModelLoadError, dtype_of, keep_float64, load_causal_lm, load_tokenizer
 from harness.rollout import build_backend
 from harness.rollout.episode import EpisodeRollout
@@ -74,7 +74,13 @@ def config_key(cfg) -> str:
 
 def build_policy(cfg, tokenizer):
     """The policy model: a random ``model.tiny_config`` architecture or the loaded weights, in
-    ``model.dtype``, with ``model.gradient_checkpointing`` applied either way."""
+    ``model.dtype``, with ``model.gradient_checkpointing`` applied either way, and the ``lora``
+    option applied (:meth:`harness.lora.FullFineTuning.apply`).
+
+    Raises:
+        ModelLoadError: the weights cannot be loaded, or the adapters cannot be applied to them
+            (e.g. ``lora.adapter_path`` trained on another base).
+    """
     if cfg.model.tiny_config:
         tiny = dict(cfg.model.tiny_config)
         mc = AutoConfig.for_model(tiny.pop("model_type", "llama"), vocab_size=len(tokenizer),
@@ -87,7 +93,10 @@ def build_policy(cfg, tokenizer):
         model = load_causal_lm(cfg.model.name_or_path, cfg.model.dtype)
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
-    model = build_adapters(cfg.get("lora")).apply(model)  # lora=peft: adapters injected, the base frozen
+    try:  # lora=peft: adapters injected (or lora.adapter_path's loaded), the base frozen
+        model = build_adapters(cfg.get("lora")).apply(model)
+    except ValueError as e:  # a target no module matches; an adapter folder for another base
+        raise ModelLoadError(str(e)) from e
     return model.to(train_device(cfg.model.device))
 
 
@@ -531,6 +540,9 @@ def final_weights_line(ckpt_dir: Path) -> list[str]:
     final = Path(ckpt_dir) / ckpt.FINAL_WEIGHTS
     if not final.is_dir():
         return []
+    if (final / ADAPTER_CONFIG).is_file():
+        return [f"final weights : {final}   (a peft adapter folder: lora=peft lora.adapter_path={final} starts a run "
+                "from it on its base model; peft.PeftModel.from_pretrained(base, folder) loads it)"]
     return [f"final weights : {final}   (a model folder: model.name_or_path={final} loads it)"]
 
 

@@ -26,7 +26,7 @@ from harness import distributed, progress
 from harness.distributed import full_weights, world
 from harness.evaluation import BY_OUTCOME, completion_len_by_outcome, evaluate
 from harness.health import HealthMonitor
-from harness.lora import base_state_dict, build_adapters, trainable_fraction, trainable_parameters
+from harness.lora import build_adapters, trainable_fraction, trainable_parameters
 from harness.overlap import OverlappedRollout
 from harness.perf import PeakMemory
 from harness.precision import compute_dtype
@@ -618,31 +618,35 @@ class Trainer:
         RNG state into ``rng_per_rank`` and waits until the file is in place).
 
         The final one (``finished``) is kept as ``checkpoint.keep_final`` says: ``full`` as any
-        checkpoint (with ``checkpoint.keep`` of them); ``weights`` writes the policy weights to
-        ``<checkpoint dir>/final/`` first, then the finished marker (the checkpoint without model or
-        optimizer state); ``none`` the marker only. Either of those two leaves no other checkpoint.
+        checkpoint (with ``checkpoint.keep`` of them); ``weights`` / ``merged`` write the policy to
+        ``<checkpoint dir>/final/`` first (:meth:`harness.lora.FullFineTuning.save_final`: the model,
+        or with LoRA peft's adapter folder / the merged model), then the finished marker (the
+        checkpoint without model or optimizer state); ``none`` the marker only. Those three leave no
+        other checkpoint.
         """
         if self.checkpoint_dir is None:
             return None
         keep_final = self.cfg.checkpoint.keep_final if finished else "full"
         rngs = self.world.gather_objects(ckpt.rng_state())
-        models = None
-        if keep_final == "weights":  # a collective when sharded: every rank gathers
-            sharded = distributed.is_sharded(self.policy)  # lora=peft: the merged weights, in the base model's names
-            models = {"policy": distributed.full_state(self.policy)[0] if sharded else base_state_dict(self.policy)}
-        elif keep_final == "full" and distributed.is_sharded(self.policy):
+        models, gathered = None, None
+        sharded = distributed.is_sharded(self.policy)
+        if keep_final in ckpt.KEEP_FOLDER and sharded:  # a collective: every rank gathers
+            gathered = distributed.full_state(self.policy)[0]
+        elif keep_final == "full" and sharded:
             models = self._model_states()
         path = None
         if self.world.is_main:
             if keep_final != "full":
-                models = {"policy": None, "optimizer": None, "ref": None, **(models or {})}
+                models = {"policy": None, "optimizer": None, "ref": None}
             state = self.state_dict(models)
             state["finished"] = finished
             state["world_size"] = self.world.world_size
             if self.world.distributed:
                 state["rng_per_rank"] = rngs
-            if keep_final == "weights":
-                ckpt.save_final_weights(self.checkpoint_dir, self.policy, state["policy"], self.tok)
+            if keep_final in ckpt.KEEP_FOLDER:
+                base = "tiny-random" if self.cfg.model.tiny_config else self.cfg.model.name_or_path
+                ckpt.save_final_weights(self.checkpoint_dir, lambda tmp: self.adapters.save_final(
+                    tmp, self.policy, keep_final, gathered, base_name=base), self.tok)
             elif finished:  # none: no weights; full: they are in the checkpoint
                 shutil.rmtree(self.checkpoint_dir / ckpt.FINAL_WEIGHTS, ignore_errors=True)
             if finished:

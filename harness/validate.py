@@ -16,7 +16,7 @@ from harness.checkpoint import KEEP_FINAL
 from harness.config import KLConfig
 from harness.critic import CriticConfig
 from harness.distributed import SHARDINGS
-from harness.lora import ADAPTERS
+from harness.lora import ADAPTER_CONFIG, ADAPTERS, read_adapter_config
 from harness.errors import ConfigError  # defined there for harness.tracking; raised and re-exported here
 from harness.rollout import BACKENDS
 from harness.tasks import TASKS
@@ -199,6 +199,8 @@ def _lora(cfg) -> None:
     """The ``lora`` option's ranges and the combinations it cannot serve (reasons in the messages)."""
     node = cfg.get("lora")
     if node is None or node.name == "none":
+        _check(cfg.checkpoint.keep_final != "merged", "checkpoint.keep_final=merged with lora=none: there are no "
+               "adapters to merge; checkpoint.keep_final=weights keeps the whole fine-tuned model")
         if "lora_sync" in cfg.rollout:  # rollout=vllm: how the adapters reach the engine; none to send
             _unread(cfg.rollout, "rollout", BACKENDS.spec(cfg.rollout.backend).params, ["lora_sync"],
                     "lora=none has no adapters to sync (lora=peft has)")
@@ -210,6 +212,8 @@ def _lora(cfg) -> None:
     targets = list(node.target_modules or [])
     _check(bool(targets) and all(isinstance(t, str) and t for t in targets),
            f"lora.target_modules={targets}: expected a non-empty list of module names (q_proj, ..., down_proj)")
+    if node.get("adapter_path"):
+        _adapter_folder(node)
     _check(cfg.rollout.get("lora_sync", "merged") != "adapter" or int(node.r) <= 512,
            f"rollout.lora_sync=adapter with lora.r={node.r}: vLLM serves LoRA ranks up to 512; use rollout.lora_sync=merged")
     _check(cfg.train.sharding == "none", f"train.sharding={cfg.train.sharding} with lora={node.name}: not implemented; "
@@ -223,3 +227,34 @@ def _lora(cfg) -> None:
         _check(cfg.critic.init == "policy", f"critic.init={cfg.critic.init} with lora={node.name}: the critic's "
                "body trains only its adapters, so a re-initialised (random) frozen body would stay random; "
                "use critic.init=policy")
+
+
+def _adapter_folder(node) -> None:
+    """``lora.adapter_path``: a peft LoRA adapter folder whose ``adapter_config.json`` agrees with the
+    ``lora.*`` keys (they would otherwise name values that did not run: peft builds the layers from
+    the folder's config). The base weights are checked when the model is loaded
+    (:func:`harness.lora.check_base`)."""
+    path = node.adapter_path
+    try:
+        conf = read_adapter_config(path)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    where = f"lora.adapter_path={path!r}: its {ADAPTER_CONFIG}"
+    _check(conf.get("peft_type") == "LORA", f"{where} has peft_type={conf.get('peft_type')!r}; expected 'LORA'")
+    _check(conf.get("bias", "none") == "none", f"{where} has bias={conf.get('bias')!r}; lora=peft trains plain "
+           "LoRA (bias='none')")
+    for key in ("use_rslora", "use_dora", "modules_to_save", "rank_pattern", "alpha_pattern", "layers_to_transform",
+                "exclude_modules"):  # each would make the layers differ from what lora.* describes
+        _check(conf.get(key) in (None, False, {}, []),
+               f"{where} has {key}={conf.get(key)!r}; lora=peft trains plain LoRA (lora.r, lora.alpha and "
+               f"lora.target_modules alone), which has no {key}")
+    targets = conf.get("target_modules")
+    pairs = (("r", conf.get("r"), int(node.r)), ("alpha", conf.get("lora_alpha"), float(node.alpha)),
+             ("dropout", conf.get("lora_dropout"), float(node.dropout)))
+    for key, theirs, ours in pairs:
+        _check(theirs is not None and float(theirs) == float(ours),
+               f"{where} has {'lora_' + key if key != 'r' else key}={theirs}, but lora.{key}={ours}: set lora.{key}={theirs} "
+               "(the adapter's layers are built from its config, so another lora.* value would not be what ran)")
+    _check(isinstance(targets, list) and sorted(targets) == sorted(node.target_modules),
+           f"{where} has target_modules={targets}, but lora.target_modules={list(node.target_modules)}: set "
+           f"lora.target_modules to the adapter's list")

@@ -95,5 +95,5 @@ def test_keep_final_takes_only_its_values():
     from tests.conftest import QUICK, compose
 
     with pytest.raises(ConfigError, match=r"checkpoint.keep_final='optimizer' is not valid; expected one of "
-                                          r"\['full', 'none', 'weights'\]"):
+                                          r"\['full', 'merged', 'none', 'weights'\]"):
         validate(compose(*QUICK, "checkpoint.keep_final=optimizer"))

@@ -259,6 +259,7 @@ KNOBS = {
     "lora/peft.alpha": math_(64.0, "loss"),
     "lora/peft.dropout": math_(0.5, "loss"),
     "lora/peft.target_modules": math_("[q_proj]", "loss"),
+    "lora/peft.adapter_path": check("check_lora_adapter_path"),
     # ---------------------------------------------------------------- the critic (advantage=ppo)
     "critic.vf_coef": math_(2.0, "metric:train/value_loss", "advantage=ppo"),
     "critic.lr": math_(1e-2, "advantages", "advantage=ppo"),
@@ -737,6 +738,15 @@ def check_vllm_engine(key, tmp_path, monkeypatch):
             vc.cache_config.enable_prefix_caching) == ("torch.bfloat16", 128, False, False)
     assert vc.cache_config.num_gpu_blocks > 1.5 * blocks  # 2 GiB of KV cache instead of 1 (bf16: ~4x)
     other.close()
+
+
+def check_lora_adapter_path(key, tmp_path, monkeypatch):
+    """lora.adapter_path=<a finished LoRA run's final/>: the run starts with that folder's adapters
+    (its initial log-probs are the finished policy's, a fresh start's are the base's)."""
+    from tests.test_lora_adapter import _train, assert_run_starts_from_the_adapter
+
+    policy, tok = _train(tmp_path)
+    assert_run_starts_from_the_adapter(tmp_path, policy, tok)
 
 
 def check_vllm_lora_sync(key, tmp_path, monkeypatch):

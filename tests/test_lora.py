@@ -134,6 +134,7 @@ def test_lora_checkpoint_holds_adapters_and_their_optimizer_state(tmp_path):
     from tests.knob_probe import MemoryTracker
 
     cfg = compose(*QUICK, "lora=peft", "lora.r=2", "train.steps=1", "eval.every=0", "eval.size=1", "train.lr=1e-2",
+                  "checkpoint.keep_final=merged",
                   # every token gets advantage -1 (overlong penalty, no baseline): the adapters must move
                   "advantage=reinforce", "advantage.baseline=none", "overlong.buffer=11", "overlong.penalty=1.0")
     prepare(cfg)
@@ -143,7 +144,9 @@ def test_lora_checkpoint_holds_adapters_and_their_optimizer_state(tmp_path):
     trainer.fit()  # one step: the base weights stay, the adapters move
     assert all(torch.equal(v, base[k]) for k, v in base_state_dict(policy, merged=False).items())
     assert max(float(p.detach().abs().max()) for n, p in policy.named_parameters() if ".lora_B." in n) > 0
-    # checkpoint.keep_final=weights: the merged model, loadable without peft
+    # checkpoint.keep_final=merged: the merged model, loadable without peft (the default, weights, keeps
+    # the adapter folder: tests/test_lora_adapter.py)
+    assert not (tmp_path / "final" / "adapter_config.json").exists()
     final = AutoModelForCausalLM.from_pretrained(tmp_path / "final")
     merged = base_state_dict(policy)
     assert all(torch.equal(v, merged[k]) for k, v in final.state_dict().items())
