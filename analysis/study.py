@@ -450,6 +450,8 @@ def analyse(spec: dict, records: dict, n_boot: int = 2000, seed: int = 0, client
             "level": 1 - levels[k] if taken else out["level"], "units": d.shape[1],
             "verdict": VERDICT_NAMES[int(seq["verdict"][0])] if taken else "inconclusive",
             "seeds_used": len(used), "looks": look_rows if "sequential" in spec else [],
+            # a sequential study registers the runs up to the look it stopped at
+            **({"runs_registered": len(spec["arms"]) * looks[k]} if "sequential" in spec and taken else {}),
             "per_seed": [float(x) for x in per_seed],
             "bootstrap": {"lo": blo, "hi": bhi, "verdict": verdict(test, blo, bhi, len(seeds))},
             "power": power_analysis(test, sd, len(used))}
