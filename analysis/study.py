@@ -20,6 +20,10 @@ A study file (``studies/<name>.yaml``) is the pre-registration. Keys:
 * ``test``: ``kind: difference`` with ``sign`` (+1 / -1, the direction the claim predicts) or
   ``kind: equivalence`` with ``margin`` (in the metric's units, stated up front); ``alpha``;
   ``delta``: the effect size the power statement is about (difference tests);
+* optional ``sequential: {first, add, max_seeds, boundary}``: run the first ``first`` seeds, look, and add
+  ``add`` seeds per look up to ``max_seeds`` until the rule decides at the look's nominal alpha;
+  ``boundary``: ``obrien_fleming`` / ``pocock`` (Lan-DeMets alpha spending) or ``bonferroni``
+  (:mod:`analysis.seedtest`); ``seeds`` then lists ``max_seeds`` seeds in the order they are added;
 * ``launcher`` (``joblib``, ``slurm``, ``ray_local``: ``conf/hydra/launcher``) and ``jobs``;
 * optional ``secondary``: metrics reported per arm but not tested; ``not_run``: why the study has
   no runs (shown in the index); ``notes``: text written after the runs, quoted in the report;
@@ -34,21 +38,27 @@ What the command does:
   which resumes an interrupted job from its checkpoint (``checkpoint.dir`` is per study, arm and
   seed; removed once the run is FINISHED unless ``--keep-checkpoints``).
 * **refusal**: the first launch writes ``registration.json`` (everything above except ``design``,
-  ``launcher``, ``jobs``, ``setup``). Once the store holds a FINISHED run of the study, a file whose
-  registered fields differ is refused (exit 2, naming the fields): a changed design is a new study
-  with a new name.
-* **verdict** (:func:`verdict`), from the paired per-seed effects, with the two-level bootstrap over
-  seeds and eval problems (or, for a train metric, over seeds and the window's steps) of
-  :func:`analysis.ablation.bootstrap`:
-  a difference is ``reproduced`` when its ``1 - alpha`` interval lies on the predicted side of 0,
-  ``contradicted`` when it lies on the other side, else ``inconclusive``; an equivalence is
-  ``reproduced`` when its ``1 - 2 alpha`` interval (TOST) lies inside ``(-margin, margin)``,
-  ``contradicted`` when it lies entirely outside, else ``inconclusive``. Fewer than 2 paired seeds:
-  ``inconclusive``.
-* **power** at the measured spread ``sd`` of the per-seed paired effects: a paired t-test's power for
-  ``delta`` with the seeds run, the smallest difference it detects with 80% power, and the seeds
-  80% power needs (:func:`analysis.ablation.seeds_needed`); for an equivalence, the TOST power at a
-  true difference of 0 and the seeds 80% of it needs.
+  ``launcher``, ``jobs``, ``setup``; ``sequential`` included). Once the store holds a FINISHED run of
+  the study, a file whose registered fields differ is refused (exit 2, naming the fields): a changed
+  design is a new study with a new name. A study with no FINISHED run is a new registration and
+  must have at least 3 seeds per arm (``sequential.first`` for a sequential one) and, for a train
+  metric, a window of at least 2 steps (:func:`check_minimum`); the committed studies that ran
+  below that are reported as below it.
+* **verdict** (:mod:`analysis.seedtest`): the seed is the unit. Each seed's paired effect is its mean
+  over the eval problems (or the window's steps); the paired t interval over those per-seed effects
+  (``seeds - 1`` df) decides: a difference is ``reproduced`` when its ``1 - alpha`` interval lies on
+  the predicted side of 0, ``contradicted`` when it lies on the other side, else ``inconclusive``;
+  an equivalence (TOST) is ``reproduced`` when its ``1 - 2 alpha`` interval lies inside
+  ``(-margin, margin)``, ``contradicted`` when it lies entirely outside. Fewer than 2 paired seeds:
+  ``inconclusive``. A sequential study applies the same rule at each look with the boundary's
+  nominal alpha and stops at the first decided look. The two-level bootstrap of
+  :func:`analysis.ablation.bootstrap` (seeds and problems / steps) is reported beside it, not
+  tested; for a study whose runs started before 2026-12-04 the report names the verdict that rule
+  gave when it differs.
+* **power** of the deciding test at the measured spread ``sd``, exact: the paired t-test's power for
+  ``delta`` (noncentral t), the difference it detects with 80% power and the seeds 80% needs; for
+  an equivalence, the TOST power at a true difference of 0 (integrated over the sample sd) and the
+  seeds 80% needs; the chi-square 95% interval of ``sd`` and the seeds needed at its ends.
 * writes ``results/studies/<name>.md`` (verdict, effect and interval, per-seed table, power, plot of
   every seed), ``results/studies/<name>/result.json``, and the index ``results/STUDIES.md``.
 """
