@@ -555,6 +555,10 @@ def verdict_text(spec: dict, result: dict) -> str:
             result["looks"][-1]["seeds"] < spec["sequential"]["max_seeds"]:
         v += (f" after the look at {result['looks'][-1]['seeds']} of up to {spec['sequential']['max_seeds']} seeds "
               f"(the next look adds {spec['sequential']['add']})")
+    elif result["verdict"] == "inconclusive" and result.get("looks"):  # max_seeds reached
+        sc = spec["metric"].get("scale", 1)
+        v += (f" at max_seeds {spec['sequential']['max_seeds']}: the last look's interval excludes effects below "
+              f"{_num(result['lo'], sc, True)} and above {_num(result['hi'], sc, True)}")
     elif result["verdict"] == "inconclusive" and p.get("seeds_needed"):
         if p["seeds_needed"] > p["seeds"] or p.get("power", 0) < 0.8:
             v += f" at this budget; a conclusive answer needs about {p['seeds_needed']} seeds per arm at the measured spread"
@@ -849,7 +853,9 @@ def index(root: Path = RESULTS, studies: Path = Path("studies")) -> Path:
                  f"`python -m analysis.study {f.as_posix()}`"]
         rows.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
         link = f"[{spec['name']}](results/studies/{spec['name']}.md)" if res_path.exists() else f"`{spec['name']}`"
-        budget = f"{len(spec['seeds'])} seeds x {spec['steps']} steps, {spec['eval_size']} eval problems"
+        seeds = (f"{spec['sequential']['first']}-{spec['sequential']['max_seeds']} seeds (sequential)"
+                 if "sequential" in spec else f"{len(spec['seeds'])} seeds")
+        budget = f"{seeds} x {spec['steps']} steps, {spec['eval_size']} eval problems"
         short.append("| " + " | ".join(str(c).replace("|", "\\|") for c in (link, spec["claim"], budget, eff, ver)) + " |")
     out = root / "STUDIES.md"
     out.write_text("\n".join(rows) + "\n")

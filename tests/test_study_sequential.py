@@ -92,3 +92,19 @@ def test_a_changed_sequential_block_is_refused_after_the_first_look(in_tmp, caps
     _seq_spec(in_tmp, sequential={**SEQ, "boundary": "pocock"})
     assert study.main(["--no-run", "--results", results, str(path)]) == 2
     assert "registered sequential changed" in capsys.readouterr().err
+
+
+def test_inconclusive_at_max_seeds_says_what_the_seeds_exclude(in_tmp):
+    """Every look taken and still undecided: the verdict names the effects the last interval excludes."""
+    root = _store(in_tmp, "s", [("A", s, 40, None, "FINISHED") for s in range(5)]
+                  + [("B", s, r, None, "FINISHED") for s, r in zip(range(5), (38, 40, 42, 44, 36))])
+    spec = study.load_study(_seq_spec(in_tmp))
+    res = study.report(spec, _seq_spec(in_tmp), root, machine="test box")
+    assert [r["seeds"] for r in res["looks"]] == [3, 5] and res["verdict"] == "inconclusive"
+    # look 2: effects -2, 0, 2, 4, -4 points, mean 0, sd sqrt(10) points, at the last look's nominal alpha
+    a2 = seedtest.nominal_levels("obrien_fleming", [3, 5], 0.05)[1]
+    half = stats.t.ppf(1 - a2 / 2, 4) * 0.1 ** 0.5 / 10 / 5 ** 0.5
+    assert (res["lo"], res["hi"]) == (pytest.approx(-half, abs=1e-10), pytest.approx(half, abs=1e-10))
+    assert study.verdict_text(spec, res).endswith(
+        f"at max_seeds 5: the last look's interval excludes effects below {100 * -half:+.3g} and above {100 * half:+.3g}")
+
