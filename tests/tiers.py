@@ -25,7 +25,7 @@ FAST = {
     "test_errors.py", "test_tasks.py", "test_health.py", "test_credentials.py", "test_update.py",
     "test_logprobs.py", "test_no_variant_names.py", "test_docs.py", "test_shared_prefix.py", "test_summary.py",
     "test_progress.py", "test_eval_metrics.py", "test_perf_metrics.py", "test_registry.py", "test_length_penalty.py", "test_entropy_control.py", "test_gdpo.py",
-    "test_step_metrics.py", "test_update_mfu.py", "test_alloc.py",
+    "test_step_metrics.py", "test_update_mfu.py", "test_alloc.py", "test_adv_transforms.py", "test_seedtest.py",
 }
 # single tests of slow modules that belong to the fast tier
 FAST_TESTS = {
