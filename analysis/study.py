@@ -503,7 +503,7 @@ def plot(spec: dict, records: dict, result: dict, path: Path, client=None) -> Pa
     if not math.isnan(result.get("effect", math.nan)):
         e, lo, hi = (result[k] * scale for k in ("effect", "lo", "hi"))
         bx.errorbar([len(ps)], [e], yerr=[[e - lo], [hi - e]], fmt="o", color="C3", capsize=4,
-                    label=f"mean, {100 * result['level']:.0f}% CI")
+                    label=f"mean, {100 * result['level']:.3g}% paired t CI")
     bx.axhline(0, color="k", lw=0.8)
     if spec["test"]["kind"] == "equivalence":
         for m in (-1, 1):
