@@ -80,7 +80,6 @@ from pathlib import Path
 import numpy as np
 import yaml
 from mlflow.tracking import MlflowClient
-from scipy import stats
 
 from analysis import seedtest
 from analysis.ablation import CPU_DETAIL_KEYS, RunRecord, bootstrap, load_sweep, per_problem
@@ -443,26 +442,23 @@ def analyse(spec: dict, records: dict, n_boot: int = 2000, seed: int = 0, client
     # the looks use the registered seed order; a sequential look needs its first n registered seeds
     by_seed = dict(zip(seeds, per_seed))
     ordered = [s for s in spec["seeds"] if s in by_seed]
-    if "sequential" in spec:
-        ordered = [s for s in spec["seeds"][:next((i for i, s in enumerate(spec["seeds"]) if s not in by_seed),
-                                                  len(spec["seeds"]))]]
+    if "sequential" in spec:  # the unbroken prefix of the registered seeds
+        ordered = spec["seeds"][:next((i for i, s in enumerate(spec["seeds"]) if s not in by_seed), len(spec["seeds"]))]
     looks, levels = design_looks(spec, len(ordered))
     seq = seedtest.sequential(np.asarray([[by_seed[s] for s in ordered]]), test, looks, levels)
-    taken = seq["code"].shape[1]
-    k = int(seq["stop"][0])
+    taken, k = seq["code"].shape[1], int(seq["stop"][0])
     look_rows = [{"seeds": looks[i], "alpha": levels[i], "effect": float(seq["mean"][0, i]),
                   "lo": float(seq["lo"][0, i]), "hi": float(seq["hi"][0, i]),
                   "decision": VERDICT_NAMES[int(seq["code"][0, i])]} for i in range(min(taken, k + 1))]
     used = ordered[:looks[k]] if taken else ordered
     sd = float(np.std([by_seed[s] for s in used], ddof=1)) if len(used) > 1 else math.nan
-    return {**out, "effect": float(seq["mean_final"][0]) if taken else math.nan,
-            "lo": float(seq["lo_final"][0]) if taken else math.nan, "hi": float(seq["hi_final"][0]) if taken else math.nan,
-            "level": 1 - levels[k] if taken else out["level"], "units": d.shape[1],
-            "verdict": VERDICT_NAMES[int(seq["verdict"][0])] if taken else "inconclusive",
-            "seeds_used": len(used), "looks": look_rows if "sequential" in spec else [],
-            # a sequential study registers the runs up to the look it stopped at
-            **({"runs_registered": len(spec["arms"]) * looks[k]} if "sequential" in spec and taken else {}),
-            "per_seed": [float(x) for x in per_seed],
+    final = ({"effect": float(seq["mean_final"][0]), "lo": float(seq["lo_final"][0]), "hi": float(seq["hi_final"][0]),
+              "level": 1 - levels[k], "verdict": VERDICT_NAMES[int(seq["verdict"][0])]} if taken else
+             {"effect": math.nan, "lo": math.nan, "hi": math.nan, "level": out["level"], "verdict": "inconclusive"})
+    if "sequential" in spec and taken:  # a sequential study registers the runs up to the look it stopped at
+        out["runs_registered"] = len(spec["arms"]) * looks[k]
+    return {**out, **final, "units": d.shape[1], "seeds_used": len(used),
+            "looks": look_rows if "sequential" in spec else [], "per_seed": [float(x) for x in per_seed],
             "bootstrap": {"lo": blo, "hi": bhi, "verdict": verdict(test, blo, bhi, len(seeds))},
             "power": power_analysis(test, sd, len(used))}
 
