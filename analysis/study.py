@@ -20,6 +20,10 @@ A study file (``studies/<name>.yaml``) is the pre-registration. Keys:
 * ``test``: ``kind: difference`` with ``sign`` (+1 / -1, the direction the claim predicts) or
   ``kind: equivalence`` with ``margin`` (in the metric's units, stated up front); ``alpha``;
   ``delta``: the effect size the power statement is about (difference tests);
+* optional ``sequential: {first, add, max_seeds, boundary}``: run the first ``first`` seeds, look, and add
+  ``add`` seeds per look up to ``max_seeds`` until the rule decides at the look's nominal alpha;
+  ``boundary``: ``obrien_fleming`` / ``pocock`` (Lan-DeMets alpha spending) or ``bonferroni``
+  (:mod:`analysis.seedtest`); ``seeds`` then lists ``max_seeds`` seeds in the order they are added;
 * ``launcher`` (``joblib``, ``slurm``, ``ray_local``: ``conf/hydra/launcher``) and ``jobs``;
 * optional ``secondary``: metrics reported per arm but not tested; ``not_run``: why the study has
   no runs (shown in the index); ``notes``: text written after the runs, quoted in the report;
@@ -34,21 +38,27 @@ What the command does:
   which resumes an interrupted job from its checkpoint (``checkpoint.dir`` is per study, arm and
   seed; removed once the run is FINISHED unless ``--keep-checkpoints``).
 * **refusal**: the first launch writes ``registration.json`` (everything above except ``design``,
-  ``launcher``, ``jobs``, ``setup``). Once the store holds a FINISHED run of the study, a file whose
-  registered fields differ is refused (exit 2, naming the fields): a changed design is a new study
-  with a new name.
-* **verdict** (:func:`verdict`), from the paired per-seed effects, with the two-level bootstrap over
-  seeds and eval problems (or, for a train metric, over seeds and the window's steps) of
-  :func:`analysis.ablation.bootstrap`:
-  a difference is ``reproduced`` when its ``1 - alpha`` interval lies on the predicted side of 0,
-  ``contradicted`` when it lies on the other side, else ``inconclusive``; an equivalence is
-  ``reproduced`` when its ``1 - 2 alpha`` interval (TOST) lies inside ``(-margin, margin)``,
-  ``contradicted`` when it lies entirely outside, else ``inconclusive``. Fewer than 2 paired seeds:
-  ``inconclusive``.
-* **power** at the measured spread ``sd`` of the per-seed paired effects: a paired t-test's power for
-  ``delta`` with the seeds run, the smallest difference it detects with 80% power, and the seeds
-  80% power needs (:func:`analysis.ablation.seeds_needed`); for an equivalence, the TOST power at a
-  true difference of 0 and the seeds 80% of it needs.
+  ``launcher``, ``jobs``, ``setup``; ``sequential`` included). Once the store holds a FINISHED run of
+  the study, a file whose registered fields differ is refused (exit 2, naming the fields): a changed
+  design is a new study with a new name. A study with no FINISHED run is a new registration and
+  must have at least 3 seeds per arm (``sequential.first`` for a sequential one) and, for a train
+  metric, a window of at least 2 steps (:func:`check_minimum`); the committed studies that ran
+  below that are reported as below it.
+* **verdict** (:mod:`analysis.seedtest`): the seed is the unit. Each seed's paired effect is its mean
+  over the eval problems (or the window's steps); the paired t interval over those per-seed effects
+  (``seeds - 1`` df) decides: a difference is ``reproduced`` when its ``1 - alpha`` interval lies on
+  the predicted side of 0, ``contradicted`` when it lies on the other side, else ``inconclusive``;
+  an equivalence (TOST) is ``reproduced`` when its ``1 - 2 alpha`` interval lies inside
+  ``(-margin, margin)``, ``contradicted`` when it lies entirely outside. Fewer than 2 paired seeds:
+  ``inconclusive``. A sequential study applies the same rule at each look with the boundary's
+  nominal alpha and stops at the first decided look. The two-level bootstrap of
+  :func:`analysis.ablation.bootstrap` (seeds and problems / steps) is reported beside it, not
+  tested; for a study whose runs started before 2026-12-04 the report names the verdict that rule
+  gave when it differs.
+* **power** of the deciding test at the measured spread ``sd``, exact: the paired t-test's power for
+  ``delta`` (noncentral t), the difference it detects with 80% power and the seeds 80% needs; for
+  an equivalence, the TOST power at a true difference of 0 (integrated over the sample sd) and the
+  seeds 80% needs; the chi-square 95% interval of ``sd`` and the seeds needed at its ends.
 * writes ``results/studies/<name>.md`` (verdict, effect and interval, per-seed table, power, plot of
   every seed), ``results/studies/<name>/result.json``, and the index ``results/STUDIES.md``.
 """
@@ -70,15 +80,21 @@ from pathlib import Path
 import numpy as np
 import yaml
 from mlflow.tracking import MlflowClient
-from scipy import stats
 
-from analysis.ablation import CPU_DETAIL_KEYS, RunRecord, bootstrap, load_sweep, min_detectable, per_problem, seeds_needed
+from analysis import seedtest
+from analysis.ablation import CPU_DETAIL_KEYS, RunRecord, bootstrap, load_sweep, per_problem
+from analysis.seedtest import MIN_SEEDS, VERDICT_NAMES
 
 RESULTS = Path("results")
 REGISTERED = ("claim", "source", "base", "arms", "control", "treatment", "seeds", "steps", "eval_size",
               "metric", "test")
+OPTIONAL_REGISTERED = ("sequential",)  # registered when the file has them (older registrations stay as written)
 VERDICTS = ("reproduced", "contradicted", "inconclusive")
 EVAL_SUMMARIES = ("final", "auc")
+SEQUENTIAL_KEYS = ("first", "add", "max_seeds", "boundary")
+# the paired-t rule replaced the two-level bootstrap rule on this date (issue 45); a study whose runs
+# started before it shows the verdict the bootstrap rule gave beside the re-issued one
+RULE_SINCE = "2026-12-04"
 
 
 class StudyError(ValueError):
@@ -117,8 +133,51 @@ def load_study(path: str | Path, gpu: bool = False) -> dict:
         raise StudyError(f"{path}: a difference test needs sign +1 or -1")
     if spec["metric"].get("summary") not in (*EVAL_SUMMARIES, "last_third"):
         raise StudyError(f"{path}: metric.summary must be final, auc or last_third")
+    if "sequential" in spec:
+        _check_sequential(path, spec)
     spec.setdefault("variant", "cpu")
+    spec["file"] = path.as_posix()  # for error messages; not registered
     return spec
+
+
+def _check_sequential(path: Path, spec: dict) -> None:
+    seq = spec["sequential"]
+    if not isinstance(seq, dict) or sorted(seq) != sorted(SEQUENTIAL_KEYS):
+        raise StudyError(f"{path}: sequential must have exactly the keys {', '.join(SEQUENTIAL_KEYS)}, got {seq!r}")
+    for k in ("first", "add", "max_seeds"):
+        if not isinstance(seq[k], int) or seq[k] < 1:
+            raise StudyError(f"{path}: sequential.{k} must be a positive integer, got {seq[k]!r}")
+    if seq["max_seeds"] < seq["first"]:
+        raise StudyError(f"{path}: sequential.max_seeds {seq['max_seeds']} is below sequential.first {seq['first']}")
+    if len(spec["seeds"]) != seq["max_seeds"]:
+        raise StudyError(f"{path}: seeds must list sequential.max_seeds = {seq['max_seeds']} seeds, in the order "
+                         f"they are added; got {len(spec['seeds'])}")
+    if seq["boundary"] not in seedtest.BOUNDARIES:
+        raise StudyError(f"{path}: sequential.boundary must be one of {', '.join(seedtest.BOUNDARIES)}, "
+                         f"got {seq['boundary']!r}")
+
+
+def window_steps(spec: dict) -> int | None:
+    """Steps in the ``last_third`` window (``ceil(steps / 3)``); None for an eval summary."""
+    return math.ceil(spec["steps"] / 3) if spec["metric"]["summary"] == "last_third" else None
+
+
+def check_minimum(spec: dict) -> None:
+    """A new registration's minimum design: at least ``MIN_SEEDS`` seeds per arm (at the first look of
+    a sequential study) and, for a train metric, a window of at least 2 steps.
+
+    Raises:
+        StudyError: naming the study file and the field.
+    """
+    f = spec.get("file", spec["name"])
+    seq = spec.get("sequential")
+    n, field = (seq["first"], "sequential.first") if seq else (len(spec["seeds"]), "seeds")
+    if n < MIN_SEEDS:
+        raise StudyError(f"{f}: {field} gives {n} seeds per arm; a new study needs at least {MIN_SEEDS} (a test "
+                         f"over per-seed effects with {n - 1} degree(s) of freedom cannot hold its error rate)")
+    if window_steps(spec) == 1:
+        raise StudyError(f"{f}: steps {spec['steps']} gives a last_third window of 1 step; a new study with a "
+                         f"train metric needs at least 2 window steps (steps >= 4)")
 
 
 def study_dir(spec: dict, root: Path = RESULTS) -> Path:
@@ -132,21 +191,25 @@ def store_uri(spec: dict, root: Path = RESULTS) -> str:
 
 def registration(spec: dict) -> dict:
     """The pre-registered fields (what a finished study may not change)."""
-    return {k: spec[k] for k in REGISTERED}
+    return {**{k: spec[k] for k in REGISTERED}, **{k: spec[k] for k in OPTIONAL_REGISTERED if k in spec}}
 
 
 def check_registration(spec: dict, root: Path = RESULTS, has_finished: bool = False) -> None:
-    """Write ``registration.json`` on first use; refuse a change once a run has FINISHED.
+    """Write ``registration.json`` on first use; refuse a change once a run has FINISHED. A study with
+    no FINISHED run is a new registration: it must meet :func:`check_minimum` (the committed studies
+    that ran below that minimum keep their stores and are reported as below it).
 
     Raises:
         StudyError: the file's registered fields differ from the registration and the store holds a
-            FINISHED run of the study (names the fields).
+            FINISHED run of the study (names the fields); a new registration below the minimum.
     """
+    if not has_finished:
+        check_minimum(spec)
     path = study_dir(spec, root) / "registration.json"
     now = registration(spec)
     if path.exists():
         old = json.loads(path.read_text())
-        changed = sorted(k for k in REGISTERED if json.dumps(old.get(k), sort_keys=True)
+        changed = sorted(k for k in (*REGISTERED, *OPTIONAL_REGISTERED) if json.dumps(old.get(k), sort_keys=True)
                          != json.dumps(now.get(k), sort_keys=True))
         if changed and has_finished:
             raise StudyError(f"study {spec['name']!r} has finished runs and its registered {', '.join(changed)} "
@@ -174,9 +237,11 @@ def load_records(spec: dict, root: Path = RESULTS) -> dict[str, dict[int, RunRec
     return out
 
 
-def missing_jobs(spec: dict, records: dict) -> dict[str, list[int]]:
-    """``{arm: [seeds without a FINISHED run]}`` (arms with none missing left out)."""
-    out = {arm: [s for s in spec["seeds"] if s not in records.get(arm, {})] for arm in spec["arms"]}
+def missing_jobs(spec: dict, records: dict, seeds: list[int] | None = None) -> dict[str, list[int]]:
+    """``{arm: [seeds without a FINISHED run]}`` among ``seeds`` (default: every registered seed; arms
+    with none missing left out)."""
+    seeds = spec["seeds"] if seeds is None else seeds
+    out = {arm: [s for s in seeds if s not in records.get(arm, {})] for arm in spec["arms"]}
     return {a: s for a, s in out.items() if s}
 
 
@@ -195,14 +260,40 @@ def job_command(spec: dict, arm: str, seeds: list[int], root: Path = RESULTS, n_
     return cmd
 
 
+def run_study(spec: dict, root: Path = RESULTS, jobs: int | None = None, launcher: str | None = None,
+              keep_checkpoints: bool = False, log=print) -> list[int]:
+    """Run what the design needs; returns the seed counts of the looks run. A fixed design: every
+    missing registered job (:func:`run_missing`). A ``sequential`` one: for each look
+    (:func:`analysis.seedtest.look_sizes`) the missing jobs of its first ``n`` seeds, then the rule
+    at the look's nominal alpha (:func:`analyse`); it stops at the first decided look, or when a
+    look's jobs did not all FINISH (logged: the next invocation resumes)."""
+    if "sequential" not in spec:
+        run_missing(spec, root, jobs, launcher, keep_checkpoints, log)
+        return [len(spec["seeds"])]
+    seq, taken = spec["sequential"], []
+    for n in seedtest.look_sizes(seq["first"], seq["add"], seq["max_seeds"]):
+        run_missing(spec, root, jobs, launcher, keep_checkpoints, log, seeds=spec["seeds"][:n])
+        records = load_records(spec, root)
+        if missing_jobs(spec, records, spec["seeds"][:n]):
+            log(f"look at {n} seeds: some jobs did not FINISH; stopping here (rerun to resume)")
+            break
+        taken.append(n)
+        res = analyse(spec, records, client=MlflowClient(store_uri(spec, root)))
+        log(f"look at {n} seeds: {res['verdict']}")
+        if res["verdict"] != "inconclusive":
+            break
+    return taken
+
+
 def run_missing(spec: dict, root: Path = RESULTS, jobs: int | None = None, launcher: str | None = None,
-                keep_checkpoints: bool = False, log=print) -> dict[str, list[int]]:
-    """Launch the missing (arm, seed) jobs; returns what was missing. With the joblib launcher up to
+                keep_checkpoints: bool = False, log=print, seeds: list[int] | None = None) -> dict[str, list[int]]:
+    """Launch the missing (arm, seed) jobs among ``seeds`` (default: all registered); returns what was
+    missing. With the joblib launcher up to
     ``jobs`` jobs run at once: one multirun per arm, arms concurrently (each ``n_jobs`` =
     ``jobs // arms at once``); other launchers get the arms one after another (the cluster
     parallelises). Job failures are logged, not raised: the report counts what FINISHED."""
     records = load_records(spec, root)
-    todo = missing_jobs(spec, records)
+    todo = missing_jobs(spec, records, seeds)
     check_registration(spec, root, has_finished=any(records.values()))
     if not todo:
         return todo
@@ -291,74 +382,85 @@ def paired_effects(spec: dict, records: dict, client=None) -> tuple[np.ndarray, 
 
 
 def verdict(test: dict, lo: float, hi: float, n_seeds: int) -> str:
-    """The pre-registered rule (module docstring) applied to an interval of the effect."""
-    if n_seeds < 2 or math.isnan(lo) or math.isnan(hi):
+    """The pre-registered rule (:func:`analysis.seedtest.decide`) applied to an interval of the effect;
+    fewer than 2 seeds: inconclusive."""
+    if n_seeds < 2:
         return "inconclusive"
-    if test["kind"] == "difference":
-        s = test["sign"]
-        if s * lo > 0 and s * hi > 0:
-            return "reproduced"
-        if s * lo < 0 and s * hi < 0:
-            return "contradicted"
-        return "inconclusive"
-    m = test["margin"]
-    if -m < lo and hi < m:
-        return "reproduced"
-    if lo >= m or hi <= -m:
-        return "contradicted"
-    return "inconclusive"
-
-
-def t_power(sd: float, delta: float, n: int, alpha: float = 0.05) -> float:
-    """Power of a two-sided paired t-test over ``n`` seeds at level ``alpha`` when the true
-    difference is ``delta`` and the per-seed differences spread by ``sd`` (noncentral t)."""
-    df, crit = n - 1, stats.t.ppf(1 - alpha / 2, n - 1)
-    nc = delta / (sd / math.sqrt(n))
-    lower = float(np.nan_to_num(stats.nct.cdf(-crit, df, nc)))  # scipy gives nan for a negligible tail
-    return float(stats.nct.sf(crit, df, nc)) + lower
+    return VERDICT_NAMES[int(seedtest.decide(test, lo, hi))]
 
 
 def power_analysis(test: dict, sd: float, n: int) -> dict:
-    """Power at the measured spread ``sd`` of the per-seed effects with ``n`` seeds (module docstring)."""
-    alpha = test.get("alpha", 0.05)
+    """Exact power of the deciding test at the measured spread ``sd`` of the per-seed effects with
+    ``n`` seeds (:mod:`analysis.seedtest`): ``power``, ``seeds_needed`` for 80%, the chi-square 95%
+    interval of the sd (``sd_lo``, ``sd_hi``) and the seeds needed at its ends; for a difference also
+    the effect detected with 80% power (``mde``)."""
     out = {"sd": sd, "seeds": n}
     if n < 2 or not sd > 0 or math.isnan(sd):
         return out
-    df, se = n - 1, sd / math.sqrt(n)
+    sd_lo, sd_hi = seedtest.sd_interval(sd, n)
+    out.update(power=seedtest.deciding_power(test, sd, n), seeds_needed=seedtest.seeds_for_power(test, sd),
+               sd_lo=sd_lo, sd_hi=sd_hi, seeds_needed_lo=seedtest.seeds_for_power(test, sd_lo),
+               seeds_needed_hi=seedtest.seeds_for_power(test, sd_hi))
     if test["kind"] == "difference":
-        delta = test["delta"]
-        power = t_power(sd, delta, n, alpha)
-        # the exact (noncentral t) count; at least the t-quantile approximation's (analysis.ablation)
-        needed = next((k for k in range(max(2, seeds_needed(sd, delta, alpha)), 10_000)
-                       if t_power(sd, delta, k, alpha) >= 0.8), 10_000)
-        out.update(delta=delta, power=power, mde=min_detectable(sd, n, alpha), seeds_needed=needed)
+        out.update(delta=test["delta"], mde=seedtest.min_detectable(sd, n, test.get("alpha", 0.05)))
     else:
-        m = test["margin"]
-        p = 2 * stats.t.cdf(m / se - stats.t.ppf(1 - alpha, df), df) - 1
-        out.update(margin=m, power=float(max(0.0, p)), seeds_needed=seeds_needed(sd, m, 2 * alpha, 0.9))
+        out.update(margin=test["margin"])
     return out
 
 
-def analyse(spec: dict, records: dict, n_boot: int = 2000, seed: int = 0, client=None) -> dict:
-    """Effect, interval, verdict, power and per-seed values of one study."""
+def design_looks(spec: dict, n_run: int) -> tuple[list[int], list[float]]:
+    """``(looks, nominal two-sided alphas)``: the ``sequential`` looks and their boundary's levels, or
+    one look at the ``n_run`` seeds run with the fixed design's ``1 - level``."""
     test = spec["test"]
-    alpha = test.get("alpha", 0.05)
+    level = seedtest.interval_level(test["kind"], test.get("alpha", 0.05))
+    if "sequential" not in spec:
+        return [n_run], [1 - level]
+    seq = spec["sequential"]
+    looks = seedtest.look_sizes(seq["first"], seq["add"], seq["max_seeds"])
+    return looks, [float(x) for x in seedtest.nominal_levels(seq["boundary"], looks, 1 - level)]
+
+
+def analyse(spec: dict, records: dict, n_boot: int = 2000, seed: int = 0, client=None) -> dict:
+    """Effect, interval, verdict, power and per-seed values of one study: the paired t rule over the
+    per-seed effects (each seed's mean over the problems or window steps), at every look of a
+    sequential design; the two-level bootstrap interval beside it (``bootstrap``: the rule before
+    2026-12-04, secondary)."""
+    test = spec["test"]
     d, seeds, per_arm = paired_effects(spec, records, client)
-    level = 1 - 2 * alpha if test["kind"] == "equivalence" else 1 - alpha
     out = {"name": spec["name"], "variant": spec.get("variant", "cpu"), "seeds_run": seeds,
-           "seeds_registered": list(spec["seeds"]), "per_arm": per_arm, "level": level,
+           "seeds_registered": list(spec["seeds"]), "per_arm": per_arm,
+           "level": seedtest.interval_level(test["kind"], test.get("alpha", 0.05)),
            "runs_finished": sum(len(v) for v in records.values()),
-           "runs_registered": len(spec["seeds"]) * len(spec["arms"])}
+           "runs_registered": len(spec["seeds"]) * len(spec["arms"]), "window_steps": window_steps(spec)}
     if len(seeds) == 0 or d.size == 0:
         return {**out, "effect": math.nan, "lo": math.nan, "hi": math.nan, "verdict": "inconclusive",
-                "per_seed": [], "power": {"seeds": 0}}
-    draws = bootstrap(d, n_boot, np.random.default_rng(seed))
-    lo, hi = (float(x) for x in np.quantile(draws, [(1 - level) / 2, 1 - (1 - level) / 2]))
+                "per_seed": [], "power": {"seeds": 0}, "looks": []}
     per_seed = d.mean(axis=1)
-    sd = float(np.std(per_seed, ddof=1)) if len(seeds) > 1 else math.nan
-    return {**out, "effect": float(d.mean()), "lo": lo, "hi": hi, "units": d.shape[1],
-            "verdict": verdict(test, lo, hi, len(seeds)), "per_seed": [float(x) for x in per_seed],
-            "power": power_analysis(test, sd, len(seeds))}
+    draws = bootstrap(d, n_boot, np.random.default_rng(seed))
+    q = (1 - out["level"]) / 2
+    blo, bhi = (float(x) for x in np.quantile(draws, [q, 1 - q]))
+    # the looks use the registered seed order; a sequential look needs its first n registered seeds
+    by_seed = dict(zip(seeds, per_seed))
+    ordered = [s for s in spec["seeds"] if s in by_seed]
+    if "sequential" in spec:  # the unbroken prefix of the registered seeds
+        ordered = spec["seeds"][:next((i for i, s in enumerate(spec["seeds"]) if s not in by_seed), len(spec["seeds"]))]
+    looks, levels = design_looks(spec, len(ordered))
+    seq = seedtest.sequential(np.asarray([[by_seed[s] for s in ordered]]), test, looks, levels)
+    taken, k = seq["code"].shape[1], int(seq["stop"][0])
+    look_rows = [{"seeds": looks[i], "alpha": levels[i], "effect": float(seq["mean"][0, i]),
+                  "lo": float(seq["lo"][0, i]), "hi": float(seq["hi"][0, i]),
+                  "decision": VERDICT_NAMES[int(seq["code"][0, i])]} for i in range(min(taken, k + 1))]
+    used = ordered[:looks[k]] if taken else ordered
+    sd = float(np.std([by_seed[s] for s in used], ddof=1)) if len(used) > 1 else math.nan
+    final = ({"effect": float(seq["mean_final"][0]), "lo": float(seq["lo_final"][0]), "hi": float(seq["hi_final"][0]),
+              "level": 1 - levels[k], "verdict": VERDICT_NAMES[int(seq["verdict"][0])]} if taken else
+             {"effect": math.nan, "lo": math.nan, "hi": math.nan, "level": out["level"], "verdict": "inconclusive"})
+    if "sequential" in spec and taken:  # a sequential study registers the runs up to the look it stopped at
+        out["runs_registered"] = len(spec["arms"]) * looks[k]
+    return {**out, **final, "units": d.shape[1], "seeds_used": len(used),
+            "looks": look_rows if "sequential" in spec else [], "per_seed": [float(x) for x in per_seed],
+            "bootstrap": {"lo": blo, "hi": bhi, "verdict": verdict(test, blo, bhi, len(seeds))},
+            "power": power_analysis(test, sd, len(used))}
 
 
 # ----------------------------------------------------------------------------------- report
@@ -397,7 +499,7 @@ def plot(spec: dict, records: dict, result: dict, path: Path, client=None) -> Pa
     if not math.isnan(result.get("effect", math.nan)):
         e, lo, hi = (result[k] * scale for k in ("effect", "lo", "hi"))
         bx.errorbar([len(ps)], [e], yerr=[[e - lo], [hi - e]], fmt="o", color="C3", capsize=4,
-                    label=f"mean, {100 * result['level']:.0f}% CI")
+                    label=f"mean, {100 * result['level']:.3g}% paired t CI")
     bx.axhline(0, color="k", lw=0.8)
     if spec["test"]["kind"] == "equivalence":
         for m in (-1, 1):
@@ -408,7 +510,7 @@ def plot(spec: dict, records: dict, result: dict, path: Path, client=None) -> Pa
     fig.suptitle(f"{spec['name']}: {result['verdict']}", fontsize="medium")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, metadata={"Software": None})  # no version string: regenerates byte for byte
     plt.close(fig)
     return path
 
@@ -445,14 +547,96 @@ def verdict_text(spec: dict, result: dict) -> str:
     if result["runs_finished"] < result["runs_registered"]:
         v += (f" (only {result['runs_finished']} of {result['runs_registered']} registered runs finished: "
               f"analysed as they are)")
-    if result["verdict"] == "inconclusive" and p.get("seeds_needed"):
+    if result["verdict"] == "inconclusive" and result.get("looks") and \
+            result["looks"][-1]["seeds"] < spec["sequential"]["max_seeds"]:
+        v += (f" after the look at {result['looks'][-1]['seeds']} of up to {spec['sequential']['max_seeds']} seeds "
+              f"(the next look adds {spec['sequential']['add']})")
+    elif result["verdict"] == "inconclusive" and result.get("looks"):  # max_seeds reached
+        sc = spec["metric"].get("scale", 1)
+        v += (f" at max_seeds {spec['sequential']['max_seeds']}: the last look's interval excludes effects below "
+              f"{_num(result['lo'], sc, True)} and above {_num(result['hi'], sc, True)}")
+    elif result["verdict"] == "inconclusive" and p.get("seeds_needed"):
         if p["seeds_needed"] > p["seeds"] or p.get("power", 0) < 0.8:
             v += f" at this budget; a conclusive answer needs about {p['seeds_needed']} seeds per arm at the measured spread"
         else:  # the seeds run were enough for the registered size: the effect is smaller than that
             size = _num(p.get("delta", p.get("margin")), spec["metric"].get("scale", 1))
             v += (f": the seeds run had {p['power']:.0%} power for the registered {size} at the measured spread, "
                   f"and the effect is smaller than that; a smaller effect needs more seeds than {p['seeds_needed']}")
+    below = [f"{len(result['seeds_run'])} seeds: below the {MIN_SEEDS}-seed minimum"] \
+        if 0 < len(result["seeds_run"]) < MIN_SEEDS else []
+    if result.get("window_steps") == 1:
+        below.append("a 1-step window: below the 2-step minimum")
+    if below:
+        v += f" ({'; '.join(below)})"
+    if result.get("verdict_before"):
+        v += (f"; re-issued under the paired-t rule: the two-level bootstrap rule used before {RULE_SINCE} read "
+              f"\"{result['verdict_before']}\"")
     return v
+
+
+def _level_text(level: float) -> str:
+    return f"{100 * level:.4g}%"
+
+
+def _bootstrap_lines(spec: dict, result: dict) -> list[str]:
+    b = result.get("bootstrap")
+    if not b:
+        return []
+    s = spec["metric"].get("scale", 1)
+    units = "problems" if spec["metric"]["summary"] in EVAL_SUMMARIES else "window steps"
+    return [f"Secondary (not the verdict): the two-level bootstrap over seeds and {units} gives "
+            f"[{_num(b['lo'], s, True)}, {_num(b['hi'], s, True)}]; the rule before {RULE_SINCE} decided on it and "
+            f"read **{b['verdict']}**. It treats the {units} as units beside the seeds and is miscalibrated at a few "
+            f"seeds (issue 45's simulations: 7-25% false \"reproduced\" at 2 seeds where 2.5% is nominal).", ""]
+
+
+def _look_lines(spec: dict, result: dict) -> list[str]:
+    """The sequential design's looks: seeds, nominal alpha, interval, decision."""
+    if "sequential" not in spec:
+        return []
+    seq, sc = spec["sequential"], spec["metric"].get("scale", 1)
+    looks, levels = design_looks(spec, 0)
+    out = [f"Sequential design: first {seq['first']} seeds, then {seq['add']} more per look up to {seq['max_seeds']}; "
+           f"boundary `{seq['boundary']}` ({BOUNDARY_TEXT[seq['boundary']]}).", "",
+           "| look | seeds | nominal alpha (two-sided) | effect [interval] | decision |", "|---|---|---|---|---|"]
+    done = {r["seeds"]: r for r in result.get("looks", [])}
+    for i, (n, a) in enumerate(zip(looks, levels)):
+        r = done.get(n)
+        cells = ([f"{_num(r['effect'], sc, True)} [{_num(r['lo'], sc, True)}, {_num(r['hi'], sc, True)}]", r["decision"]]
+                 if r else ["-", "not reached" if result.get("looks") and result["verdict"] != "inconclusive"
+                            else "not run yet"])
+        out.append(f"| {i + 1} | {n} | {a:.4g} | " + " | ".join(cells) + " |")
+    return [*out, ""]
+
+
+BOUNDARY_TEXT = {
+    "obrien_fleming": "Lan-DeMets alpha spending, O'Brien-Fleming type 2 - 2 Phi(z_{1-a/2} / sqrt(t))",
+    "pocock": "Lan-DeMets alpha spending, Pocock type a ln(1 + (e - 1) t)",
+    "bonferroni": "alpha / looks at every look"}
+
+
+def power_lines(spec: dict, p: dict) -> list[str]:
+    """The report's power paragraph: the deciding test's exact power at the measured spread, the seeds
+    80% needs, and the same count at the ends of the spread's chi-square 95% interval."""
+    s = spec["metric"].get("scale", 1)
+    if p.get("power") is None:
+        return ["Not computable: fewer than 2 paired seeds, or no spread between them."]
+    need = lambda k: f"{p[k]}" if p[k] < 10_000 else ">= 10,000"
+    lines = [f"Spread of the per-seed effects: sd {_num(p['sd'], s)} over {p['seeds']} seeds (it includes the "
+             f"eval-problem or step noise that pairing does not cancel); its 95% interval (chi-square, "
+             f"{p['seeds'] - 1} df) is [{_num(p['sd_lo'], s)}, {_num(p['sd_hi'], s)}]."]
+    if spec["test"]["kind"] == "difference":
+        lines.append(f"At this spread the two-sided paired t-test with {p['seeds']} seeds has power {p['power']:.2f} "
+                     f"(noncentral t) for a difference of {_num(p['delta'], s)}, detects {_num(p['mde'], s)} with 80% "
+                     f"power (exact), and needs **{need('seeds_needed')} seeds** per arm for 80% power at "
+                     f"{_num(p['delta'], s)}; at the ends of the sd's interval, {need('seeds_needed_lo')} to "
+                     f"{need('seeds_needed_hi')} seeds.")
+    else:
+        lines.append(f"At this spread TOST with {p['seeds']} seeds has power {p['power']:.2f} (exact: integrated "
+                     f"over the sample sd) to show equivalence within {_num(p['margin'], s)} when the true "
+                     f"difference is 0; 80% power needs **{need('seeds_needed')} seeds** per arm; at the ends of the "
+                     f"sd's interval, {need('seeds_needed_lo')} to {need('seeds_needed_hi')} seeds.")
+    return lines
 
 
 def _window_text(spec: dict) -> str:
@@ -487,9 +671,11 @@ def write_report(spec: dict, result: dict, records: dict, path: Path, study_file
              f"**Claim.** {spec['claim']}", "", f"**Source.** {spec['source']}", "",
              f"**Verdict: {verdict_text(spec, result)}.**", "",
              f"Effect ({spec['treatment']} - {spec['control']}, {_window_text(spec)}; x{s}): "
-             f"**{effect_text(spec, result)}** ({100 * result['level']:.0f}% interval, two-level bootstrap over "
-             f"seeds and {'problems' if spec['metric']['summary'] in EVAL_SUMMARIES else 'window steps'}), "
-             f"{len(result['seeds_run'])} paired seeds.", "",
+             f"**{effect_text(spec, result)}** ({_level_text(result['level'])} paired t interval over "
+             f"{result.get('seeds_used', len(result['seeds_run']))} per-seed effects, "
+             f"{max(0, result.get('seeds_used', len(result['seeds_run'])) - 1)} df; each seed's effect is its mean over "
+             f"the {'eval problems' if spec['metric']['summary'] in EVAL_SUMMARIES else 'window steps'}), "
+             f"{len(result['seeds_run'])} paired seeds.", "", *_bootstrap_lines(spec, result), *_look_lines(spec, result),
              "Regenerate this report (from the committed store; runs only what is missing):", "", "```bash",
              f"python -m analysis.study {'--gpu ' if spec.get('variant') == 'gpu' else ''}{study_file.as_posix()}",
              "```", "", "## Pre-registered design", "",
@@ -506,21 +692,7 @@ def write_report(spec: dict, result: dict, records: dict, path: Path, study_file
                      + " |")
     eff = dict(zip(result["seeds_run"], result["per_seed"]))
     lines.append("| effect | " + " | ".join(_num(eff[x], s, True) if x in eff else "-" for x in spec["seeds"]) + " |")
-    lines += ["", "## Power", ""]
-    if p.get("power") is None:
-        lines.append("Not computable: fewer than 2 paired seeds, or no spread between them.")
-    else:
-        lines.append(f"Spread of the per-seed effects: sd {_num(p['sd'], s)} over {p['seeds']} seeds (it includes the "
-                     f"eval-problem or step noise that pairing does not cancel).")
-        if spec["test"]["kind"] == "difference":
-            lines.append(f"At this spread a two-sided paired t-test with {p['seeds']} seeds has power "
-                         f"{p['power']:.2f} (noncentral t) for a difference of {_num(p['delta'], s)}, detects about "
-                         f"{_num(p['mde'], s)} with 80% power, and needs **{p['seeds_needed']} seeds** per arm for "
-                         f"80% power at {_num(p['delta'], s)}.")
-        else:
-            lines.append(f"At this spread TOST with {p['seeds']} seeds has power {p['power']:.2f} to show "
-                         f"equivalence within {_num(p['margin'], s)} when the true difference is 0; 80% power "
-                         f"needs **{p['seeds_needed']} seeds** per arm.")
+    lines += ["", "## Power (of the deciding test, exact)", "", *power_lines(spec, p)]
     if spec.get("notes"):
         lines += ["", "## Notes written after the runs (not part of the registration)", "", spec["notes"].strip()]
     lines += _secondary_lines(spec, records, client)
@@ -615,7 +787,7 @@ def plot_secondary(spec: dict, records: dict, path: Path, client=None) -> Path |
     fig.suptitle(f"{spec['name']}: secondary metrics, mean over seeds", fontsize="medium")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, metadata={"Software": None})
     plt.close(fig)
     return path
 
@@ -664,7 +836,9 @@ def index(root: Path = RESULTS, studies: Path = Path("studies")) -> Path:
         if res_path.exists():
             res = json.loads(res_path.read_text())
             p = res["power"]
-            power = (f"{p['power']:.2f}; {p['seeds_needed']} seeds for 80%" if p.get("power") is not None else "n/a")
+            cap = lambda k: str(p[k]) if p[k] < 10_000 else ">= 10,000"
+            power = (f"{p['power']:.2f}; {p['seeds_needed']} seeds for 80% ({cap('seeds_needed_lo')} to "
+                     f"{cap('seeds_needed_hi')} over the sd's 95% interval)" if p.get("power") is not None else "n/a")
             eff, ver = res["effect_text"], res["verdict_text"]
             setup = spec.get("setup", "") + (f" (measured on {res['measured']})" if res.get("measured") else "")
             report = f"[{spec['name']}.md](studies/{spec['name']}.md)"
@@ -675,7 +849,9 @@ def index(root: Path = RESULTS, studies: Path = Path("studies")) -> Path:
                  f"`python -m analysis.study {f.as_posix()}`"]
         rows.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
         link = f"[{spec['name']}](results/studies/{spec['name']}.md)" if res_path.exists() else f"`{spec['name']}`"
-        budget = f"{len(spec['seeds'])} seeds x {spec['steps']} steps, {spec['eval_size']} eval problems"
+        seeds = (f"{spec['sequential']['first']}-{spec['sequential']['max_seeds']} seeds (sequential)"
+                 if "sequential" in spec else f"{len(spec['seeds'])} seeds")
+        budget = f"{seeds} x {spec['steps']} steps, {spec['eval_size']} eval problems"
         short.append("| " + " | ".join(str(c).replace("|", "\\|") for c in (link, spec["claim"], budget, eff, ver)) + " |")
     out = root / "STUDIES.md"
     out.write_text("\n".join(rows) + "\n")
@@ -708,6 +884,9 @@ def report(spec: dict, study_file: Path, root: Path = RESULTS, machine: str | No
     client = MlflowClient(store_uri(spec, root)) if any(records.values()) else None
     result = analyse(spec, records, client=client)
     meta = {**run_meta(records, machine or recorded or _machine()), "provenance": provenance}
+    boot = result.get("bootstrap", {}).get("verdict")
+    if boot and boot != result["verdict"] and meta["first"] < RULE_SINCE:  # issued under the old rule
+        result["verdict_before"] = boot
     suffix = "-gpu" if spec.get("variant") == "gpu" else ""
     path = root / "studies" / f"{spec['name']}{suffix}.md"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -748,7 +927,7 @@ def main(argv=None) -> int:
             if args.no_run:
                 check_registration(spec, args.results, has_finished=any(load_records(spec, args.results).values()))
             else:
-                run_missing(spec, args.results, args.jobs, args.launcher, args.keep_checkpoints)
+                run_study(spec, args.results, args.jobs, args.launcher, args.keep_checkpoints)
             res = report(spec, f, args.results, args.machine)
         except StudyError as e:
             print(f"error: {e}", file=sys.stderr)

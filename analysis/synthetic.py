@@ -24,6 +24,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
+import numpy as np
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
 
@@ -113,6 +114,24 @@ def build_synthetic_store(tracking_uri: str, artifact_dir: str | None = None) ->
     ids["RUNNING"].append(make(main_exp, "ppo", 8, 2, "s1", "RUNNING", steps=(1, 2, 3)))
     ids["other"].append(make(other_exp, "grpo", 4, 0, "s0", "FINISHED"))
     return ids
+
+
+def paired_studies(rng: np.random.Generator, n_studies: int, n_seeds: int, effect: float = 0.0,
+                   seed_sd: float = 0.075, n_problems: int = 250, base: float = 0.4) -> np.ndarray:
+    """Simulated paired studies, vectorised: ``[studies, seeds, problems]`` treatment-minus-control
+    0/1 verdict differences on a fixed eval set (what :func:`analysis.study.paired_effects` returns
+    for one study, per problem).
+
+    Per seed the true paired difference is ``effect + seed_sd * z`` (``z`` standard normal: the
+    training noise between seeds that pairing does not cancel); the control arm answers each problem
+    with probability ``base``, the treatment with ``base`` plus that difference (clipped to [0, 1]),
+    independently per problem (the eval-problem noise). The issue-45 null studies used ``seed_sd``
+    7.5 points and 250 problems.
+    """
+    diff = effect + seed_sd * rng.standard_normal((n_studies, n_seeds, 1))
+    p_t = np.clip(base + diff, 0.0, 1.0)
+    u = rng.random((2, n_studies, n_seeds, n_problems))
+    return (u[1] < p_t).astype(np.int8) - (u[0] < base).astype(np.int8)
 
 
 def main(argv: list[str] | None = None) -> int:

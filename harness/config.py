@@ -16,8 +16,8 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from harness.algo import (ENTROPY_CONTROLLERS, GROUP_FILTERS, LENGTH_PENALTIES, LOSS_AGGREGATIONS, OFFPOLICY_OBJECTIVES,
-                          POLICY_LOSSES, ROLLOUT_CORRECTIONS, TOKEN_ESTIMATORS)
+from harness.algo import (ADVANTAGE_TRANSFORMS, ENTROPY_CONTROLLERS, GROUP_FILTERS, LENGTH_PENALTIES, LOSS_AGGREGATIONS,
+                          OFFPOLICY_OBJECTIVES, POLICY_LOSSES, ROLLOUT_CORRECTIONS, TOKEN_ESTIMATORS)
 from harness.critic import CriticConfig  # the critic component's own node (critic.*)
 from harness.lora import ADAPTERS
 from harness.rollout import BACKENDS, RolloutConfig
@@ -139,6 +139,8 @@ class Config:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     tools: Any = MISSING  # a TOOLS params node: tools=none (single-turn) | calculator | search (episode rollouts)
     advantage: Any = MISSING
+    # an ADVANTAGE_TRANSFORMS params node: none | clip_below (advantages below a floor raised to it)
+    advantage_transform: Any = MISSING
     seed: int = 0
     group_size: int = 8  # G: completions per prompt
     policy_loss: Any = MISSING  # a POLICY_LOSSES params node: policy_loss=ppo_clip, gspo, cispo, ...
@@ -169,7 +171,7 @@ class Config:
 
 
 # config group -> the registry whose params dataclasses are its options
-GROUPS = {"task": TASKS, "advantage": TOKEN_ESTIMATORS, "policy_loss": POLICY_LOSSES, "loss_agg": LOSS_AGGREGATIONS,
+GROUPS = {"task": TASKS, "advantage": TOKEN_ESTIMATORS, "advantage_transform": ADVANTAGE_TRANSFORMS, "policy_loss": POLICY_LOSSES, "loss_agg": LOSS_AGGREGATIONS,
           "group_filter": GROUP_FILTERS, "rollout": BACKENDS, "rollout_correction": ROLLOUT_CORRECTIONS,
           "length_penalty": LENGTH_PENALTIES, "entropy_control": ENTROPY_CONTROLLERS,
           "offpolicy": OFFPOLICY_OBJECTIVES, "lora": ADAPTERS, "tools": TOOLS}

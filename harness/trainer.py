@@ -299,6 +299,7 @@ class Trainer:
             greedy = self._greedy_scores(problems) if self.algo.needs("greedy") else None
         ctx = self._advantage_context(batch, rew, rewards, scores, token_rewards, values, greedy)
         adv = estimate_on_model_tokens(self.algo.estimator, ctx)  # observations (tools) left out
+        adv = dataclasses.replace(adv, advantages=self.algo.advantage_transform(adv.advantages))  # advantage_transform=
         # each rank trains on its own rows of the global advantages
         first, n, width = self.world.row_offset(batch.num_sequences), batch.num_sequences, batch.completion_mask.shape[1]
         local_adv = adv.advantages[first : first + n, :width]

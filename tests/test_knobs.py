@@ -122,6 +122,8 @@ KNOBS = {
                                                "entropy_control.delta=0.5", "train.steps=2"),
     "entropy_control/adaptive.coef_max": math_(0.1, "metric:train/entropy_coef", "entropy_coef=0.1",
                                                "entropy_control.target=100.0", "train.steps=2"),
+    "advantage_transform": math_("clip_below", "advantages"),
+    "advantage_transform/clip_below.floor": math_(-0.5, "advantages"),  # negatives kept down to -0.5 instead of 0
     "length_penalty": math_("linear", "advantages"),
     "length_penalty/linear.num_output_tokens_weight": math_(1.0, "advantages"),
     # single turn: the input and turn terms shift a whole group, which group baselines cancel

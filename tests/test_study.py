@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import yaml
 
-from analysis import ablation, study
+from analysis import ablation, seedtest, study
 
 EVAL_STEPS = (0, 4)
 
@@ -105,11 +105,16 @@ def test_reproduced_store(in_tmp):
     assert res["verdict"] == "reproduced"
     assert res["effect"] == pytest.approx(0.40)
     assert res["per_seed"] == pytest.approx([0.40, 0.42, 0.38])
-    assert 0.3 < res["lo"] < 0.40 < res["hi"] < 0.5
+    # paired t over the 3 per-seed effects: 0.40 +- t_0.975,2 (4.302652729911275) * 0.02 / sqrt(3)
+    half = 4.302652729911275 * 0.02 / math.sqrt(3)
+    assert (res["lo"], res["hi"]) == (pytest.approx(0.40 - half, abs=1e-10), pytest.approx(0.40 + half, abs=1e-10))
+    assert res["bootstrap"]["verdict"] == "reproduced"  # the secondary interval, beside it
     p = res["power"]  # sd of (0.40, 0.42, 0.38) = 0.02
     assert p["sd"] == pytest.approx(0.02) and p["seeds"] == 3
-    assert p["mde"] == pytest.approx(ablation.min_detectable(0.02, 3))
-    assert p["seeds_needed"] == ablation.seeds_needed(0.02, 0.1)
+    assert seedtest.t_power(0.02, p["mde"], 3) == pytest.approx(0.8, abs=1e-9)  # exact, not t quantiles
+    assert p["mde"] > ablation.min_detectable(0.02, 3)  # the approximation claimed too small an effect
+    assert p["seeds_needed"] == 3  # 2 seeds (1 df): power 0.42 at 0.1; 3 seeds: 0.975
+    assert seedtest.t_power(0.02, 0.1, 2) == pytest.approx(0.42096, abs=1e-5)
     # paired t with 2 df at a true difference of 0.1 = 8.66 standard errors: P(T_nc > t_0.975,2 = 4.30)
     assert p["power"] == pytest.approx(0.9755, abs=1e-3)
     text = (root / "studies" / "s.md").read_text()
@@ -149,7 +154,8 @@ def test_inconclusive_store_names_the_seeds_needed(in_tmp):
     _, res = _report(in_tmp, _spec(in_tmp))
     assert res["verdict"] == "inconclusive" and res["effect"] == pytest.approx(0.0, abs=1e-12)
     assert res["lo"] < 0 < res["hi"]
-    assert res["power"]["seeds_needed"] == ablation.seeds_needed(0.02, 0.1) == 3  # the 3 seeds run suffice for 10
+    assert res["power"]["seeds_needed"] == 3  # the 3 seeds run suffice for 10 (exact noncentral t)
+    assert seedtest.t_power(0.02, 0.1, 2) < 0.8 <= seedtest.t_power(0.02, 0.1, 3)
     assert "the effect is smaller than that" in res["verdict_text"]
     assert "inconclusive: the seeds run had" in (root / "studies" / "s.md").read_text()
     # a spread too wide for the seeds run: the report names the seeds a conclusive answer needs
@@ -183,7 +189,12 @@ def test_train_metric_last_third_is_the_window_mean(in_tmp):
                                    secondary=["train/entropy"]))
     assert res["per_seed"] == pytest.approx([0.15, 0.12])
     assert res["effect"] == pytest.approx(0.135) and res["units"] == 2
-    assert res["verdict"] == "reproduced"  # every resample of the 4 step differences is > 0
+    # the seed is the unit: 2 seeds, 1 df: 0.135 +- t_0.975,1 (12.706204736174707) * sd(0.15, 0.12) / sqrt 2
+    half = 12.706204736174707 * 0.03 / math.sqrt(2) / math.sqrt(2)
+    assert (res["lo"], res["hi"]) == (pytest.approx(0.135 - half, abs=1e-10), pytest.approx(0.135 + half, abs=1e-10))
+    assert res["verdict"] == "inconclusive"
+    # the old rule resampled the 4 step differences as units: every resample > 0, "reproduced"
+    assert res["bootstrap"]["verdict"] == "reproduced" and res["bootstrap"]["lo"] > 0
     assert res["per_arm"]["A"] == pytest.approx({0: 0.10, 1: 0.10})
     # secondary: A's mean over all 6 steps, seed 0 2.8/6, seed 1 2.6/6, mean 0.45
     text = (in_tmp / "results" / "studies" / "t.md").read_text()
@@ -296,10 +307,13 @@ def test_index_lists_every_study_file_with_its_verdict_or_not_run(in_tmp):
     assert "| `later` |" in table and "not run (no time on this machine)" in table
 
 
-def test_tost_power_is_zero_when_the_margin_is_below_the_critical_value():
-    # 2 seeds, sd 0.1, margin 0.1: se 0.0707, m/se = 1.41 < t_0.95,1 = 6.31 -> power 0
+def test_power_analysis_is_the_exact_power_of_the_deciding_test():
+    # 2 seeds, sd 0.1, margin 0.1: the large-sample formula 2 T(m/se - t) - 1 gave 0 here; the exact
+    # TOST power is positive (tests/test_seedtest.py checks tost_power against a simulation)
     p = study.power_analysis({"kind": "equivalence", "margin": 0.1, "alpha": 0.05}, 0.1, 2)
-    assert p["power"] == 0.0 and p["seeds_needed"] == ablation.seeds_needed(0.1, 0.1, 0.10, 0.9)
+    assert p["power"] == pytest.approx(seedtest.tost_power(0.1, 0.1, 2)) and 0.05 < p["power"] < 0.15
+    assert seedtest.tost_power(0.1, 0.1, p["seeds_needed"] - 1) < 0.8 <= seedtest.tost_power(0.1, 0.1, p["seeds_needed"])
+    assert p["sd_lo"] < 0.1 < p["sd_hi"] and p["seeds_needed_lo"] <= p["seeds_needed"] <= p["seeds_needed_hi"]
     assert math.isnan(study.power_analysis({"kind": "difference", "delta": 0.1}, math.nan, 1)["sd"])
 
 

@@ -29,6 +29,7 @@ from .algorithm import Algorithm, Choice, KLTerm, LogprobForward, build_algorith
 from .entropy import ENTROPY_CONTROLLERS
 from .filters import GROUP_FILTERS
 from .length_penalty import LENGTH_PENALTIES
+from .adv_transforms import ADVANTAGE_TRANSFORMS
 from .gae import gae, reinforce_pp_returns
 from .kl import KL_CONTROLLERS, KL_ESTIMATORS, kl_penalty
 from .offpolicy import OFFPOLICY_OBJECTIVES
@@ -86,5 +87,6 @@ __all__ = [
     "ENTROPY_CONTROLLERS",
     "GROUP_FILTERS",
     "LENGTH_PENALTIES",
+    "ADVANTAGE_TRANSFORMS",
     "RATIO_LEVELS",
 ]

@@ -27,6 +27,7 @@ from torch import Tensor
 from .aggregation import LOSS_AGGREGATIONS, apply_aggregation
 from .estimators import TOKEN_ESTIMATORS, AdvantageContext
 from .entropy import ENTROPY_CONTROLLERS
+from .adv_transforms import ADVANTAGE_TRANSFORMS
 from .filters import GROUP_FILTERS
 from .length_penalty import LENGTH_PENALTIES
 from .offpolicy import OFFPOLICY_OBJECTIVES
@@ -126,6 +127,8 @@ class Algorithm:
 
     Attributes:
         estimator: ``advantage=``: ``estimator(ctx) -> AdvantageOutput``.
+        advantage_transform: ``advantage_transform=``: ``(advantages [B, T]) -> [B, T]``, applied to
+            the estimator's advantages before the policy loss (the identity for ``none``).
         policy_loss: ``policy_loss=``: ``policy_loss(logp, old, adv, mask, weights=None) -> (loss [B, T], stats)``.
         aggregation: ``loss_agg=``: applied by :func:`harness.update.aggregate`.
         max_len: the generation cap ``rollout.max_new_tokens`` (Dr. GRPO's default constant).
@@ -145,6 +148,7 @@ class Algorithm:
     """
 
     estimator: Choice
+    advantage_transform: Choice
     policy_loss: Choice
     aggregation: Choice
     max_len: int
@@ -186,6 +190,7 @@ def build_algorithm(cfg: Any) -> Algorithm:
     kl = cfg.kl
     return Algorithm(
         estimator=Choice.build(TOKEN_ESTIMATORS, cfg.advantage),
+        advantage_transform=Choice.build(ADVANTAGE_TRANSFORMS, cfg.advantage_transform),
         policy_loss=Choice.build(POLICY_LOSSES, cfg.policy_loss),
         aggregation=Choice.build(LOSS_AGGREGATIONS, cfg.loss_agg),
         max_len=cfg.rollout.max_new_tokens,
@@ -232,7 +237,7 @@ def dry_run(algo: Algorithm, group_size: int) -> None:  # cpu: a synthetic host 
                            reward_components=torch.stack([scores, 1 - scores], -1) if algo.needs("reward_components") else None,
                            reward_weights=torch.ones(2) if algo.needs("reward_components") else None)
     logp = -torch.rand(2 * G, 3, generator=torch.Generator().manual_seed(0)) - 0.1
-    adv = algo.estimator(ctx).advantages
+    adv = algo.advantage_transform(algo.estimator(ctx).advantages)
     algo.policy_loss(logp.requires_grad_(), logp.detach() - 0.05, adv, mask)
     apply_aggregation(algo.aggregation.spec, algo.aggregation.params, torch.ones(2 * G, 3), mask,
                       max_len=algo.max_len)
