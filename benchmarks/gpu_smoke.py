@@ -20,10 +20,12 @@ exists, else ``embedded:smollm2-135m-instruct``, which needs the 94 MB ``llm-smo
    completion full length), 2 steps: step time, rollout and update tokens/s, the update's FLOP rate
    over the device's bf16 matmul rate measured in the same process, peak memory.
 3. **torchrun**: ``torchrun --nproc_per_node=1`` running the grpo float64 job of part 1 (replaying
-   the same batches) with ``train.sharding=none`` and ``fsdp2``; losses compared with the single
-   process. With one rank :func:`harness.distributed.init` joins no process group (world size 1),
-   so no NCCL collective runs, and ``fsdp2`` is refused by :func:`harness.validate.validate` (it
-   shards over >1 ranks): both facts are recorded, not hidden.
+   the same batches) with ``train.sharding=none`` (the DDP-exact path: gradients all-reduced) and
+   ``fsdp2`` (FSDP2 on a one-rank mesh); losses and final weights compared with the single process
+   to :data:`RTOL_FLOAT64`. Under torchrun :func:`harness.distributed.init` joins a process group of
+   one rank (NCCL for CUDA tensors, ``cuda:nccl,cpu:gloo``, where CUDA is visible; gloo on a CPU-only
+   machine), so the collectives really run; each row records the backend
+   (``torch.distributed.get_backend()``) and whether the policy was sharded.
 4. **output**: ``<out>/gpu_smoke.json`` and ``<out>/gpu_smoke.log``.
 
     python -m benchmarks.gpu_smoke --device cuda --out /tmp/smoke      # on the GPU machine
@@ -127,9 +129,16 @@ def train_job(overrides: list[str], tokenizer: str, replay=None, tiny_config: di
     steps = sorted(s for s in tracker.metrics if s > 0)
     return {"loss": [tracker.metrics[s]["train/loss"] for s in steps],
             "advantages": [r.advantages.detach().double().cpu() for r in records],
-            "weights": torch.cat([p.detach().double().cpu().flatten() for p in policy.parameters()]),
+            "weights": torch.cat([_full(p).detach().double().cpu().flatten() for p in policy.parameters()]),
             "calls": rec.calls, "metrics": [tracker.metrics[s] for s in steps], "last": records[-1],
             "policy": policy}
+
+
+def _full(p: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of a parameter: FSDP2's (a DTensor) gathered over the ranks, else itself."""
+    from torch.distributed.tensor import DTensor  # lazy: part 3's fsdp2 worker only
+
+    return p.full_tensor() if isinstance(p, DTensor) else p
 
 
 def rel(a, b) -> float:
@@ -236,7 +245,9 @@ def torchrun_part(device: str, tokenizer: str, common: list[str], out: Path, thr
         if "loss" in row:
             row["loss_rel"] = rel(row["loss"], ref["loss"])
             row["weights_rel"] = rel(torch.load(out / f"torchrun_{sharding}_weights.pt"), ref["weights"])
-            row["passed"] = max(row["loss_rel"], row["weights_rel"]) < RTOL_FLOAT64
+            # a pass needs the group joined and, for fsdp2, the policy sharded: else the knob did not run
+            ran = row.get("process_group") and row.get("sharded") == (sharding == "fsdp2")
+            row["passed"] = bool(max(row["loss_rel"], row["weights_rel"]) < RTOL_FLOAT64 and ran)
         log.info("torchrun %s: %s", sharding, {k: v for k, v in row.items() if k not in ("loss", "error")}
                  | ({"error": row["error"][-300:]} if "error" in row else {}))
         rows.append(row)
@@ -244,7 +255,9 @@ def torchrun_part(device: str, tokenizer: str, common: list[str], out: Path, thr
 
 
 def worker(sharding: str, device: str, tokenizer: str, common: list[str], out: Path) -> None:
-    """One rank of part 3: the grpo float64 job replaying part 1's batches; writes its result."""
+    """One rank of part 3: the grpo float64 job replaying part 1's batches; writes its result
+    (a refusal by :func:`harness.validate.validate` is recorded, not raised)."""
+    from harness import distributed
     from harness.validate import ConfigError
 
     ref = torch.load(out / "replay_grpo_float64.pt", weights_only=False)
@@ -253,11 +266,16 @@ def worker(sharding: str, device: str, tokenizer: str, common: list[str], out: P
         job = train_job([*common, *MATHS["grpo"], f"model.device={device}", "model.dtype=float64",
                          f"train.sharding={sharding}"], tokenizer, replay=ref["calls"])
         info["loss"] = job["loss"]
+        info["sharded"] = distributed.is_sharded(job["policy"])  # FSDP2 ran (train.sharding=fsdp2)
+        info["device_trained"] = str(next(job["policy"].parameters()).device)
         torch.save(job["weights"], out / f"torchrun_{sharding}_weights.pt")
+        # the backend the collectives used, read while the group is up
+        info["process_group"] = torch.distributed.is_initialized()
+        info["backend"] = str(torch.distributed.get_backend()) if info["process_group"] else None
     except ConfigError as e:
         info["refused"] = str(e)
-    info["process_group"] = torch.distributed.is_initialized()
-    info["backend"] = str(torch.distributed.get_backend()) if info["process_group"] else None
+    finally:
+        distributed.shutdown()
     (out / f"torchrun_{sharding}.json").write_text(json.dumps(info))
 
 

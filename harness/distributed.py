@@ -36,7 +36,11 @@ the unsharded run (:func:`full_state`, :func:`load_full_state`), so a run can re
 Backends: ``gloo`` on CPU; with CUDA the process group is ``cuda:nccl,cpu:gloo`` (collectives
 dispatch by tensor device). Only the CPU/gloo path is tested here (no GPU in CI).
 
-Without ``torchrun`` (no ``WORLD_SIZE`` > 1 in the environment) :func:`world` is a one-rank world
+Under ``torchrun`` (:func:`under_torchrun`: its rendezvous variables in the environment) the process
+joins the group even with ``--nproc_per_node=1``: every collective above then really runs (on one
+rank a sum is the identity, so the run equals the plain one), and ``train.sharding=fsdp2`` shards
+over a one-rank mesh. That is how one GPU checks the NCCL and FSDP2 paths (``benchmarks/gpu_smoke.py``).
+Without ``torchrun`` (``python -m harness.run``) :func:`world` is a one-rank world with no group,
 whose collectives return their input, so the single-process code path is the same code.
 """
 
@@ -65,11 +69,14 @@ class World:
         rank: global rank (0 .. world_size - 1); rank 0 alone tracks and writes checkpoints.
         world_size: number of processes.
         local_rank: rank on this node (selects the CUDA device).
+        joined: whether this process is in a ``torch.distributed`` process group (:func:`init`
+            under ``torchrun``, of any size, one rank included).
     """
 
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    joined: bool = False
 
     @property
     def is_main(self) -> bool:
@@ -77,7 +84,15 @@ class World:
 
     @property
     def distributed(self) -> bool:
-        return self.world_size > 1
+        """Whether collectives run over a process group (under ``torchrun``, even of one rank);
+        False: they return their input."""
+        return self.joined
+
+    @property
+    def backend(self) -> str | None:
+        """The process group's backend as ``torch.distributed.get_backend()`` names it (``gloo``,
+        ``cuda:nccl,cpu:gloo``...), None without a group."""
+        return str(torch.distributed.get_backend()) if self.joined else None
 
     # ------------------------------------------------------------- partitions
     def shard(self, n: int) -> range:
@@ -221,18 +236,31 @@ def train_device(requested: str = "auto") -> torch.device:
     return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
 
 
+TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def under_torchrun() -> bool:
+    """Whether a launcher started this process as a rank of a job: ``torchrun`` (or any launcher
+    that sets the ``env://`` rendezvous the same way) puts every name of :data:`TORCHRUN_ENV` in
+    its workers' environment, for one worker too; ``python -m harness.run`` has none of them."""
+    return all(k in os.environ for k in TORCHRUN_ENV)
+
+
 def init(timeout_s: float = 1800.0) -> World:
     """Join the process group ``torchrun`` describes in the environment, once.
 
     Reads ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` (and ``MASTER_ADDR``/``MASTER_PORT`` through the
-    ``env://`` rendezvous). Without ``WORLD_SIZE`` > 1 it returns the one-rank world.
+    ``env://`` rendezvous). Joins under :func:`under_torchrun` whatever the world size (one rank
+    too: its collectives then run over the group), or with ``WORLD_SIZE`` > 1; otherwise returns
+    the one-rank world without a group.
 
     Raises:
-        RuntimeError: from ``init_process_group`` when the rendezvous fails.
+        RuntimeError: from ``init_process_group`` when the rendezvous fails (``WORLD_SIZE`` > 1
+            without ``MASTER_ADDR``/``MASTER_PORT``, for example).
     """
     global _WORLD
     size = int(os.environ.get("WORLD_SIZE", "1"))
-    if size <= 1:
+    if size <= 1 and not under_torchrun():
         return _WORLD
     if not torch.distributed.is_initialized():
         if torch.cuda.is_available():  # NCCL's communicator belongs to the rank's own GPU
@@ -241,7 +269,7 @@ def init(timeout_s: float = 1800.0) -> World:
         torch.distributed.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s))
         log.info("rank %s/%d joined the process group (%s)", os.environ.get("RANK"), size, backend)
     _WORLD = World(rank=torch.distributed.get_rank(), world_size=torch.distributed.get_world_size(),
-                   local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+                   local_rank=int(os.environ.get("LOCAL_RANK", "0")), joined=True)
     return _WORLD
 
 
@@ -292,13 +320,14 @@ def shard(model: torch.nn.Module) -> torch.nn.Module:
     parameters are left sharded, so an optimizer built afterwards holds the shards.
 
     Raises:
-        RuntimeError: not in a process group of more than one rank, or the model declares no
+        RuntimeError: not in a process group (one rank under ``torchrun`` is one), or the model declares no
             ``_no_split_modules`` (not a transformers decoder).
     """
     from torch.distributed.fsdp import FSDPModule, fully_shard  # lazy: FSDP2 only (train.sharding=fsdp2)
 
     if not world().distributed:
-        raise RuntimeError("train.sharding=fsdp2 shards over torchrun's ranks; this process is alone")
+        raise RuntimeError("train.sharding=fsdp2 shards over torchrun's ranks; this process is in no process group "
+                           "(launch it with torchrun)")
     layers = set(getattr(model, "_no_split_modules", None) or ())
     units = [m for m in model.modules() if type(m).__name__ in layers]
     if not units:

@@ -480,6 +480,7 @@ def _train(cfg, held: contextlib.ExitStack, on_eval, on_step, rerun_of, recorded
             "model": cfg.model.name_or_path if not cfg.model.tiny_config else "tiny-random",
             "seed": cfg.seed, "config_key": key,
             "output_dir": str(output_dir), "world_size": w.world_size,
+            "process_group": w.backend or "none",  # torchrun joins one even of one rank (harness.distributed.init)
             "device": str(next(policy.parameters()).device),  # where the models trained (model.device)
             **({f"precision.auto.{k}": v for k, v in precision.LAST_PROBE.items()} if precision.LAST_PROBE else {}),
             **{f"malloc.{k}": v for k, v in alloc.APPLIED.items()},  # allocator thresholds set at startup

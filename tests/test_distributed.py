@@ -84,10 +84,11 @@ def _args(tiny_dir, out: Path, steps: int, extra) -> list[str]:
             f"tracking.uri=sqlite:///{out / 'mlflow.db'}", "checkpoint.keep_final=full", *extra]
 
 
-def launch(tiny_dir, out: Path, ranks: int, steps: int = 2, extra=(), check: bool = True):
-    """Run one job in ``out`` with 1 process (``python -m``) or ``ranks`` processes (``torchrun``)."""
+def launch(tiny_dir, out: Path, ranks: int, steps: int = 2, extra=(), check: bool = True, torchrun: bool = False):
+    """Run one job in ``out`` with 1 process (``python -m``) or ``ranks`` processes (``torchrun``;
+    ``torchrun=True``: under torchrun with one rank too)."""
     out.mkdir(parents=True, exist_ok=True)
-    head = [sys.executable, "-m", "harness.run"] if ranks == 1 else [
+    head = [sys.executable, "-m", "harness.run"] if ranks == 1 and not torchrun else [
         *_torchrun(), "--standalone", f"--nproc_per_node={ranks}", "-m", "harness.run"]
     proc = subprocess.run([*head, *_args(tiny_dir, out, steps, extra)], cwd=out, env=_env(ranks=ranks),
                           capture_output=True, text=True, timeout=600)
@@ -148,9 +149,9 @@ def assert_weights_close(wa: dict, wb: dict, steps: int, float32: bool = False, 
     assert worst < 1e-10, f"weights differ by {worst:.3g} in {where} (tolerance 1e-10)"
 
 
-def assert_same(one: Path, two: Path, steps: int, tiny_dir: Path, keys=KEYS, float32: bool = False):
+def assert_same(one: Path, two: Path, steps: int, tiny_dir: Path, keys=KEYS, float32: bool = False, ranks: int = 2):
     a, b = record(one, keys), record(two, keys)
-    assert b["tags"]["world_size"] == "2" and a["tags"]["world_size"] == "1"
+    assert b["tags"]["world_size"] == str(ranks) and a["tags"]["world_size"] == "1"
     assert a["status"] == b["status"] == "FINISHED"
     assert_close(a, b, keys, float32)
     assert sorted(a["train/loss"]) == list(range(1, steps + 1))

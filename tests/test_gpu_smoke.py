@@ -43,9 +43,12 @@ def test_cpu_tiny_run_passes_every_equality_case(tmp_path):
     assert len({tuple(m["loss_cpu"]) for m in f64}) == len(MATHS)
     assert len(r["maths"]) == 2 * len(MATHS) and all(len(m["loss_cpu"]) == 2 for m in r["maths"])
     none, fsdp2 = r["torchrun"]
-    assert none["passed"] and none["world_size"] == 1 and none["returncode"] == 0
-    assert "refused" in fsdp2 and "passed" not in fsdp2  # one rank: the harness refuses fsdp2 (validate)
-    assert r["equality_cases"] == {"passed": len(MATHS) + 1, "of": len(MATHS) + 1} and r["all_equal"]
+    # one rank in a real process group (gloo here: no CUDA), the DDP-exact path and FSDP2 on a 1-rank mesh
+    for row, sharded in ((none, False), (fsdp2, True)):
+        assert row["passed"] and row["returncode"] == 0 and "refused" not in row
+        assert (row["world_size"], row["process_group"], row["backend"], row["sharded"]) == (1, True, "gloo", sharded)
+        assert row["loss_rel"] < 1e-9 and row["weights_rel"] < 1e-9
+    assert r["equality_cases"] == {"passed": len(MATHS) + 2, "of": len(MATHS) + 2} and r["all_equal"]
     shapes = r["real_shapes"]
     assert shapes["full_length_frac"] == 1.0  # EOS suppressed: every completion runs to max_new_tokens
     assert shapes["update_tokens"] > 0 and shapes["matmul_tflops"] > 0

@@ -524,14 +524,18 @@ def check_max_bad_steps(key, tmp_path, monkeypatch):
 
 
 def check_sharding(key, tmp_path, monkeypatch):
-    """train.sharding=fsdp2 is refused where it cannot shard (one process) or sync (vLLM), naming
-    the key; under torchrun it shards (perf/param_shard_frac ~ 0.5 on 2 ranks) and equals the
-    unsharded run: tests/test_distributed.py::test_fsdp2_*."""
+    """train.sharding=fsdp2 is refused where it cannot shard (a process without torchrun) or sync
+    (vLLM), naming the key; under torchrun it shards (perf/param_shard_frac ~ 0.5 on 2 ranks) and
+    equals the unsharded run: tests/test_distributed.py::test_fsdp2_*, and on one rank
+    tests/test_distributed_one_rank.py."""
+    from harness.distributed import TORCHRUN_ENV
     from harness.validate import ConfigError, validate
     from tests.conftest import compose
 
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
-    with pytest.raises(ConfigError, match="train.sharding=fsdp2 shards the model over torchrun's ranks"):
+    for k in TORCHRUN_ENV:
+        monkeypatch.delenv(k, raising=False)
+    with pytest.raises(ConfigError, match="train.sharding=fsdp2 shards the model over torchrun's ranks and this "
+                       "process was not started by torchrun"):
         validate(compose("train.sharding=fsdp2"))
     with pytest.raises(ConfigError, match="train.sharding='zero3'"):
         validate(compose("train.sharding=zero3"))

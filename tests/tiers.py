@@ -1,7 +1,7 @@
 """Test tiers (a pytest plugin loaded by ``tests/conftest.py``): markers by module, so that
 ``make test-fast`` is the edit loop and ``make test`` stays everything.
 
-* ``distributed``: ``torchrun`` jobs of 2 ranks; ``servers``: PostgreSQL, an MLflow server,
+* ``distributed``: ``torchrun`` jobs (2 ranks, or 1 rank in a process group); ``servers``: PostgreSQL, an MLflow server,
   submitit, Ray; ``vllm``: vLLM's CPU build;
 * ``slow``: everything that is not in :data:`FAST` (end-to-end jobs, the knob-effect test, kill
   and resume loops, sweeps, the embedded model);
@@ -74,6 +74,7 @@ SLOW_TESTS = {
     "test_perf_metrics.py::test_rollout_tokens_count_the_groups_a_filter_dropped",
 }
 BY_MODULE = {"test_distributed.py": "distributed", "test_distributed_kl.py": "distributed",
+             "test_distributed_one_rank.py": "distributed",
              "test_cluster.py": "servers", "test_vllm.py": "vllm"}
 
 
