@@ -385,3 +385,163 @@ def test_trl_grpo_trainer_get_off_policy_mask():
     assert ours.sum(1).tolist() == [0.0, 0.0, 0.0, 5.0]
     default = spec.fn(torch.zeros_like(current), MASK, spec.build(), advantages=adv, current_log_ratio=current * MASK)
     assert default.sum(1).tolist() == [0.0, 1.0, 0.0, 5.0]
+
+
+# ----------------------------------------------------------------- NeMo-RL KL and aggregation
+
+
+def _nemo_rl_calculate_kl(logp: torch.Tensor, ref: torch.Tensor, kl_type: str) -> torch.Tensor:
+    """NeMo-RL `nemo_rl/algorithms/utils.py` `calculate_kl` at 7ea279a, with its defaults
+    (`kl_input_clamp_value` 20, `kl_output_clamp_value` 10) and the weights `ClippedPGLossFn`
+    passes when `use_on_policy_kl_approximation=false` (the default): `w = exp(logp - sg(logp))`
+    (value 1), detached where the input clamp acts. `logr = clamp(ref - logp, -20, 20)`;
+    k1 `-logr`, k2 `logr^2 / 2`, k3 `exp(logr) - 1 - logr`; `clamp(w k, -10, 10)`."""
+    logr_raw = ref - logp
+    logr = logr_raw.clamp(-20.0, 20.0)
+    w = torch.exp(logp - logp.detach())
+    w = torch.where(logr_raw == logr, w, w.detach())
+    k = {"k1": -logr, "k2": logr.square() / 2, "k3": torch.exp(logr) - 1 - logr}[kl_type]
+    return (w * k).clamp(-10.0, 10.0)
+
+
+# row 0: log-ratios ref - logp of -0.5, 0, 2.9 (k3 14.3, past the output clamp), -29.5 (past the
+# input clamp) and 24.6; row 1: two valid tokens, then masked ones holding log-ratios past both.
+LOGP_NR = torch.tensor([[-1.0, -0.2, -3.0, -0.5, -25.0], [-0.7, -2.0, -40.0, -0.1, -0.3]], dtype=F64)
+REF_NR = torch.tensor([[-1.5, -0.2, -0.1, -30.0, -0.4], [-0.9, -1.2, -0.2, -35.0, -0.3]], dtype=F64)
+MASK_NR = torch.tensor([[1.0, 1, 1, 1, 1], [1, 1, 0, 0, 0]], dtype=F64)
+
+
+def test_nemo_rl_calculate_kl_k1_k2_k3():
+    """NeMo-RL `nemo_rl/algorithms/utils.py` `calculate_kl` (7ea279a), reduced by
+    `nemo_rl/algorithms/loss/loss_functions.py` `ClippedPGLossFn.__call__` with
+    `token_level_loss=true`: `masked_mean(beta kl, mask, global_valid_toks)` (its `+ 1e-8` in the
+    denominator, a relative 1e-9 here, left out). Values: harness `kl.form=<k1|k2|k3>
+    kl.clamp=10` on every token, masked tokens 0. Gradients: NeMo-RL's weight `exp(logp - sg(logp))`
+    adds the score-function term `k d logp`, which the harness gives with
+    `kl.importance_correct=true` at `old = logp` (mu = 1) for k1 and k3 (k2 has no importance-corrected
+    form here: its gradient differs, no knob); on a token past the output clamp NeMo-RL's gradient
+    is 0 (it clamps `w k`), ours `10 d logp` (we clamp `k`, then weight)."""
+    beta = 0.01
+    n_tok = MASK_NR.sum()
+    for form in ("k1", "k2", "k3"):
+        logp_n = LOGP_NR.clone().requires_grad_()
+        nemo_tok = _nemo_rl_calculate_kl(logp_n, REF_NR, form)
+        nemo = (beta * nemo_tok * MASK_NR).sum() / n_tok
+        nemo.backward()
+        logp_h = LOGP_NR.clone().requires_grad_()
+        ours_tok = kl_penalty(logp_h, REF_NR, form, clamp=10.0, mask=MASK_NR)
+        torch.testing.assert_close(ours_tok, nemo_tok.detach() * MASK_NR, **TOL)
+        ours = aggregate_loss(beta * ours_tok, MASK_NR, "token-mean")
+        torch.testing.assert_close(ours.detach(), nemo.detach(), **TOL)
+        # the clamp is on: without it the harness differs on the tokens past +-10
+        assert not torch.allclose(kl_penalty(LOGP_NR, REF_NR, form, mask=MASK_NR), nemo_tok.detach() * MASK_NR)
+        # the plain estimator lacks the score-function term k d logp where k != 0
+        ours.backward()
+        moving = (nemo_tok.detach().abs() < 10) & (MASK_NR > 0) & (nemo_tok.detach() != 0)
+        assert moving.any() and not torch.allclose(logp_h.grad[moving], logp_n.grad[moving])
+        if form == "k2":  # no importance-corrected k2 in the harness (biased in value): no knob
+            continue
+        # gradients: importance-corrected at old = logp equals NeMo-RL where |k| < 10 ...
+        logp_ic = LOGP_NR.clone().requires_grad_()
+        ic = kl_penalty(logp_ic, REF_NR, form, clamp=10.0, mask=MASK_NR, old_logprobs=LOGP_NR.clone())
+        aggregate_loss(beta * ic, MASK_NR, "token-mean").backward()
+        inside = (nemo_tok.detach().abs() < 10) & (MASK_NR > 0)
+        torch.testing.assert_close(logp_ic.grad[inside], logp_n.grad[inside], **TOL)
+        # ... and differs past the clamp (NeMo-RL 0, ours 10 beta / N)
+        past = (nemo_tok.detach().abs() >= 10) & (MASK_NR > 0)
+        assert past.any() and (logp_n.grad[past] == 0).all()
+        torch.testing.assert_close(logp_ic.grad[past].abs(), torch.full_like(logp_ic.grad[past], 10 * beta / n_tok),
+                                   **TOL)
+        assert inside.sum() >= 3
+
+
+def test_nemo_rl_clipped_pg_loss_fn_sequence_level_loss():
+    """NeMo-RL `nemo_rl/algorithms/loss/loss_functions.py` `ClippedPGLossFn.__call__` (7ea279a),
+    `token_level_loss=false`: `masked_mean(masked_mean(l, token_mask, dim=-1), sample_mask,
+    global_valid_seqs)` with `global_valid_seqs = sum(sample_mask)`
+    (`nemo_rl/models/automodel/data.py`); its `+ 1e-8` in both denominators (a relative 1e-8 / L)
+    left out. A row with no loss token but `sample_mask` 1 (an empty completion) adds 0 and counts:
+    harness `loss_agg=seq-mean-token-mean loss_agg.count_masked_rows=true`. A row with
+    `sample_mask` 0 (`overlong_filtering`) leaves NeMo-RL's count; that case differs (docs/knobs.md)."""
+    _, per_token = _loss("ppo_clip")
+    sample_mask = torch.ones(4, dtype=F64)  # row 2 (no token) is an empty completion
+    L = MASK.sum(-1)
+    rows = torch.where(L > 0, (per_token * MASK).sum(-1) / L.clamp(min=1), torch.zeros_like(L))
+    nemo = (rows * sample_mask).sum() / sample_mask.sum()
+    ours = aggregate_loss(per_token, MASK, "seq-mean-token-mean", count_masked_rows=True)
+    torch.testing.assert_close(ours, nemo, **TOL)
+    assert not torch.isclose(aggregate_loss(per_token, MASK, "seq-mean-token-mean"), nemo)
+    # sample_mask 0 on row 2 (a filtered row): NeMo-RL counts 3 rows, as our default
+    sm = torch.tensor([1.0, 1, 0, 1], dtype=F64)
+    nemo_filtered = (rows * sm).sum() / sm.sum()
+    torch.testing.assert_close(aggregate_loss(per_token, MASK, "seq-mean-token-mean"), nemo_filtered, **TOL)
+
+
+# ----------------------------------------------------------------- verl outcome estimators, KL placement
+
+
+# Two groups of G = 3, unequal lengths (no empty row: verl's rows all carry a score).
+LENGTHS_V = [3, 1, 5, 2, 4, 5]
+MASK_V = (torch.arange(5)[None] < torch.tensor(LENGTHS_V)[:, None]).to(F64)
+SCORES_V = torch.tensor([[1.0, 0.0, 0.5], [0.2, 0.9, 0.9]], dtype=F64)
+KL_V = torch.linspace(0.01, 0.3, 30, dtype=F64).reshape(6, 5) * MASK_V  # beta * per-token KL
+
+
+def _outcome_token_rewards(scores: torch.Tensor) -> torch.Tensor:
+    """Each row's score at its last valid token (verl's `token_level_rewards` without KL)."""
+    tr = torch.zeros(6, 5, dtype=F64)
+    for b, L in enumerate(LENGTHS_V):
+        tr[b, L - 1] = scores.flatten()[b]
+    return tr
+
+
+def _verl_masked_whiten(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """verl `verl/utils/torch_functional.py` `masked_whiten`: masked mean, Bessel-corrected masked
+    variance, `(x - mean) rsqrt(var + 1e-8)`."""
+    n = mask.sum()
+    mean = (x * mask).sum() / n
+    var = ((x - mean).square() * mask).sum() / n * (n / (n - 1))
+    return (x - mean) * torch.rsqrt(var + 1e-8)
+
+
+def test_verl_compute_reinforce_plus_plus_baseline_outcome_advantage():
+    """verl `verl/trainer/ppo/core_algos.py` `compute_reinforce_plus_plus_baseline_outcome_advantage`
+    (b178a3c): `score = token_level_rewards.sum(-1)`, minus its group mean, broadcast to every valid
+    token, then `masked_whiten` over the batch. Harness: `advantage=reinforce_pp_baseline` with
+    `kl.placement=loss` or `none` (the token rewards are the outcome alone). With
+    `kl.placement=reward` (per-token KL in the token rewards) verl broadcasts the row sum, ours
+    takes the return-to-go: they differ, checked here."""
+    def verl(token_rewards):
+        s = token_rewards.sum(-1).reshape(2, 3)
+        s = (s - s.mean(-1, keepdim=True)).reshape(6, 1)
+        return _verl_masked_whiten(s.expand(6, 5) * MASK_V, MASK_V) * MASK_V
+
+    tr = _outcome_token_rewards(SCORES_V)
+    ctx = AdvantageContext(scores=SCORES_V, token_rewards=tr, mask=MASK_V)
+    ours = estimate_advantages("reinforce_pp_baseline", ctx).advantages * MASK_V
+    torch.testing.assert_close(ours, verl(tr), **TOL)
+    tr_kl = tr - KL_V
+    ctx_kl = AdvantageContext(scores=tr_kl.sum(-1).reshape(2, 3), token_rewards=tr_kl, mask=MASK_V)
+    ours_kl = estimate_advantages("reinforce_pp_baseline", ctx_kl).advantages * MASK_V
+    assert not torch.allclose(ours_kl, verl(tr_kl))
+
+
+def test_verl_compute_remax_outcome_advantage():
+    """verl `verl/trainer/ppo/core_algos.py` `compute_remax_outcome_advantage` (b178a3c): the
+    reward-to-go `(token_level_rewards * mask).flip.cumsum.flip` minus the greedy completion's
+    reward on every valid token. Harness: `advantage=remax` with `kl.placement=loss` or `none`.
+    With `kl.placement=reward` verl's token `t` gets `r - sum_{s>=t} KL_s - r_greedy`, ours
+    `r - sum_t KL_t - r_greedy`: they differ, checked here."""
+    greedy = torch.tensor([0.4, 0.7], dtype=F64)
+
+    def verl(token_rewards):
+        returns = (token_rewards * MASK_V).flip(-1).cumsum(-1).flip(-1)
+        return returns - greedy.repeat_interleave(3)[:, None] * MASK_V
+
+    tr = _outcome_token_rewards(SCORES_V)
+    ctx = AdvantageContext(scores=SCORES_V, token_rewards=tr, mask=MASK_V, greedy_scores=greedy)
+    torch.testing.assert_close(estimate_advantages("remax", ctx).advantages * MASK_V, verl(tr), **TOL)
+    tr_kl = tr - KL_V
+    ctx_kl = AdvantageContext(scores=tr_kl.sum(-1).reshape(2, 3), token_rewards=tr_kl, mask=MASK_V,
+                              greedy_scores=greedy)
+    assert not torch.allclose(estimate_advantages("remax", ctx_kl).advantages * MASK_V, verl(tr_kl))
