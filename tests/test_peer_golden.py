@@ -70,7 +70,7 @@ def _seq_token_mean_all_rows(per_token: torch.Tensor) -> torch.Tensor:
 
 
 def test_trl_grpo_trainer_scale_rewards_group_advantages():
-    """TRL `trl/trainer/grpo_trainer.py` `GRPOTrainer._generate_and_score_completions`,
+    """TRL f2cd577, `trl/trainer/grpo_trainer.py` `GRPOTrainer._generate_and_score_completions`,
     `scale_rewards="group"`: `(r - nanmean_g) / (nanstd_g + 1e-4)`, `nanstd` Bessel-corrected
     (`trl/trainer/utils.py` `nanstd`). Harness: `advantage=grpo advantage.eps=1e-4`."""
     trl = (REWARDS - REWARDS.mean(-1, keepdim=True)) / (_std(REWARDS, bessel=True) + 1e-4)
@@ -81,7 +81,8 @@ def test_trl_grpo_trainer_scale_rewards_group_advantages():
 
 
 def test_trl_grpo_trainer_scale_rewards_batch_advantages():
-    """The same TRL function, `scale_rewards="batch"`: the group mean is subtracted and the result
+    """The same TRL function (f2cd577, `trl/trainer/grpo_trainer.py`
+    `GRPOTrainer._generate_and_score_completions`), `scale_rewards="batch"`: the group mean is subtracted and the result
     divided by `nanstd` of every reward of the batch (Bessel) + 1e-4. Harness:
     `advantage=grpo advantage.scale=batch advantage.eps=1e-4`."""
     batch_std = _std(REWARDS.reshape(1, -1), bessel=True)
@@ -92,7 +93,7 @@ def test_trl_grpo_trainer_scale_rewards_batch_advantages():
 
 
 def test_openrlhf_experience_maker_group_norm_advantages():
-    """OpenRLHF `openrlhf/trainer/ppo_utils/experience_maker.py`
+    """OpenRLHF 3c3be62, `openrlhf/trainer/ppo_utils/experience_maker.py`
     `compute_advantages_and_returns`, estimator `group_norm`:
     `(r - r.mean(-1)) / (r.std(-1) + 1e-9)` (torch.std: Bessel). With gamma 1 and no KL in the
     reward, every token of a row carries that value. Harness: `advantage=grpo advantage.eps=1e-9`."""
@@ -136,7 +137,8 @@ def test_nemo_rl_grpo_advantage_estimator_before_pr_1423():
 
 
 def test_verl_compute_gpg_outcome_advantage():
-    """verl `core_algos.compute_gpg_outcome_advantage` (`f_norm` 1): `alpha = B / count_nonzero(r)`
+    """verl b178a3c, `verl/trainer/ppo/core_algos.py`
+    `compute_gpg_outcome_advantage` (`f_norm` 1): `alpha = B / count_nonzero(r)`
     over the batch, `A = alpha (r - mean_g)`. Harness: `advantage=gpg advantage.alpha=nonzero`
     (the paper's `alpha = B / (B - M)` is the default)."""
     r = REWARDS.clone()
@@ -148,7 +150,7 @@ def test_verl_compute_gpg_outcome_advantage():
 
 
 def test_verl_compute_gae_advantage_return_lam_1():
-    """verl `verl/trainer/ppo/core_algos.py` `compute_gae_advantage_return`: the backward GAE loop
+    """verl b178a3c, `verl/trainer/ppo/core_algos.py` `compute_gae_advantage_return`: the backward GAE loop
     (`delta = r_t + gamma V_{t+1} - V_t`, masked positions skipped) with verl's default
     `lam=1.0`, then `verl_F.masked_whiten` (Bessel-corrected variance, `rsqrt(var + 1e-8)`).
     Harness: `advantage=ppo advantage.lam=1.0` (gamma 1.0, whiten, unbiased as defaults)."""
@@ -184,7 +186,7 @@ def test_verl_compute_gae_advantage_return_lam_1():
 
 
 def test_trl_compute_loss_loss_type_sapo():
-    """TRL `GRPOTrainer._compute_loss`, `loss_type="sapo"`: per token
+    """TRL f2cd577, `trl/trainer/grpo_trainer.py` `GRPOTrainer._compute_loss`, `loss_type="sapo"`: per token
     `-sigmoid(tau (r - 1)) 4 / tau * A` (`tau` = `sapo_temperature_pos` 1.0 where `A > 0`, else
     `sapo_temperature_neg` 1.05), reduced as `"grpo"`: each row's token mean, then the mean over
     all rows, a fully masked one too. Harness: `policy_loss=sapo
@@ -199,7 +201,7 @@ def test_trl_compute_loss_loss_type_sapo():
 
 
 def test_verl_compute_policy_loss_geo_mean():
-    """verl `core_algos.compute_policy_loss_geo_mean`: per row
+    """verl b178a3c, `verl/trainer/ppo/core_algos.py` `compute_policy_loss_geo_mean`: per row
     `-A exp(mean_t sgn(A) min(sgn(A) x_t, sgn(A) clamp(x_t, -eps_low, eps_high)))`, `x = log r`,
     then `torch.mean` over *all* rows (a fully masked row adds 0 and counts). verl's `+ 1e-8` in
     the two length divisions (a relative 1e-8 / L) is left out. Harness: `policy_loss=gmpo
@@ -218,7 +220,8 @@ def test_verl_compute_policy_loss_geo_mean():
 
 
 def test_verl_compute_policy_loss_vanilla_dual_clip_3():
-    """verl `core_algos.compute_policy_loss_vanilla`: `-min(r A, clip(r, 1 - 0.2, 1 + 0.2) A)`,
+    """verl b178a3c, `verl/trainer/ppo/core_algos.py`
+    `compute_policy_loss_vanilla`: `-min(r A, clip(r, 1 - 0.2, 1 + 0.2) A)`,
     and where `A < 0` the dual clip `min(that, -3 A)` (`clip_ratio_c` 3.0, always on), token-mean
     (`agg_loss`). Harness: `policy_loss=ppo_clip policy_loss.dual_clip=3`."""
     logp, per_token = _loss("ppo_clip", dual_clip=3.0)
@@ -233,7 +236,7 @@ def test_verl_compute_policy_loss_vanilla_dual_clip_3():
 
 
 def test_trl_compute_loss_loss_type_grpo_and_dr_grpo():
-    """TRL `GRPOTrainer._compute_loss` reductions: `"grpo"` = `((l m).sum(-1) /
+    """TRL f2cd577, `trl/trainer/grpo_trainer.py` `GRPOTrainer._compute_loss` reductions: `"grpo"` = `((l m).sum(-1) /
     m.sum(-1).clamp(min=1)).mean()` over all rows; `"dr_grpo"` = `(l m).sum() / (B *
     max_completion_length)`. Harness: `loss_agg=seq-mean-token-mean loss_agg.count_masked_rows=true`
     and `loss_agg=seq-mean-token-sum-norm loss_agg.count_masked_rows=true` (constant = max_new_tokens)."""
@@ -250,7 +253,7 @@ def test_trl_compute_loss_loss_type_grpo_and_dr_grpo():
 
 
 def test_verl_agg_loss_seq_mean_token_sum_norm():
-    """verl `core_algos.agg_loss`, `"seq-mean-token-sum-norm"`: `sum(seq_losses) /
+    """verl b178a3c, `verl/trainer/ppo/core_algos.py` `agg_loss`, `"seq-mean-token-sum-norm"`: `sum(seq_losses) /
     loss_scale_factor`, no division by the number of rows. Harness:
     `loss_agg=seq-mean-token-sum-norm loss_agg.divide_by_seqs=false loss_agg.constant=<factor>`."""
     _, per_token = _loss("ppo_clip")
@@ -261,7 +264,7 @@ def test_verl_agg_loss_seq_mean_token_sum_norm():
 
 
 def test_trl_compute_loss_loss_type_cispo():
-    """TRL `GRPOTrainer._compute_loss`, `loss_type="cispo"`:
+    """TRL f2cd577, `trl/trainer/grpo_trainer.py` `GRPOTrainer._compute_loss`, `loss_type="cispo"`:
     `-clamp(r, max=epsilon_high).detach() * A * log pi`, summed over the tokens / their count
     (`num_items_in_batch`). TRL's `epsilon_high` is the cap itself (5.0 recommended). Harness:
     `policy_loss=cispo policy_loss.epsilon_high=<TRL epsilon_high - 1>` (no lower bound, as TRL),
@@ -281,7 +284,8 @@ def test_trl_compute_loss_loss_type_cispo():
 
 
 def test_verl_compute_policy_loss_cispo():
-    """verl `core_algos.compute_policy_loss_cispo`: `-clamp(r, 1 - clip_ratio_low, 1 + clip_ratio_high)
+    """verl b178a3c, `verl/trainer/ppo/core_algos.py`
+    `compute_policy_loss_cispo`: `-clamp(r, 1 - clip_ratio_low, 1 + clip_ratio_high)
     .detach() * A * log pi` (log-ratio bounded to +-20), aggregated by `agg_loss`. Harness:
     `policy_loss=cispo policy_loss.epsilon_low=<clip_ratio_low> policy_loss.epsilon_high=<clip_ratio_high>`
     (the default has no lower bound, as the paper); gradients checked too."""
@@ -300,7 +304,7 @@ def test_verl_compute_policy_loss_cispo():
 
 
 def test_openrlhf_policy_loss_gspo():
-    """OpenRLHF `openrlhf/models/loss.py` `PolicyLoss`, `policy_loss_type="gspo"`: the sequence
+    """OpenRLHF 3c3be62, `openrlhf/models/loss.py` `PolicyLoss`, `policy_loss_type="gspo"`: the sequence
     ratio `exp(sum_t m log r / L)` at every token, `-min(s A, clamp(s, 1 - eps, 1 + eps_high) A)`,
     and `token_level_loss` forced off (`aggregate_loss`: each row's token mean, fully masked rows
     excluded). Harness: `policy_loss=gspo policy_loss.epsilon=<eps> policy_loss.epsilon_high=<eps_high>
@@ -325,7 +329,8 @@ REF_KL = torch.tensor([[-1.5, -0.2, -0.1, -30.0, -0.4]], dtype=F64)  # k3 > 10 a
 
 
 def test_verl_kl_penalty_forward_low_var_kl():
-    """verl `core_algos.kl_penalty_forward`, `"low_var_kl"`: `kl = clamp(ref - logp, -20, 20)`,
+    """verl b178a3c, `verl/trainer/ppo/core_algos.py`
+    `kl_penalty_forward`, `"low_var_kl"`: `kl = clamp(ref - logp, -20, 20)`,
     `clamp(exp(kl) - kl - 1, -10, 10)`. Harness: `kl.form=k3 kl.clamp=10`."""
     x = (REF_KL - LOGP_KL).clamp(-20, 20)
     verl = (x.exp() - x - 1).clamp(-10, 10)
@@ -334,7 +339,7 @@ def test_verl_kl_penalty_forward_low_var_kl():
 
 
 def test_openrlhf_compute_approx_kl_k3():
-    """OpenRLHF `openrlhf/models/utils.py` `compute_approx_kl`, `kl_estimator="k3"`:
+    """OpenRLHF 3c3be62, `openrlhf/models/utils.py` `compute_approx_kl`, `kl_estimator="k3"`:
     `lr = logp - ref`, `exp(-lr) - 1 + lr`, clamped to [-10, 10] (every estimator is). Harness:
     `kl.form=k3 kl.clamp=10` (k1, k2 likewise with `kl.clamp=10`)."""
     lr = LOGP_KL - REF_KL
@@ -354,7 +359,7 @@ SAMPLER_LOG_RATIO = torch.tensor([[0.3, -0.2, 1.6, 0.0, 0.0], [0.5, 0.0, 0.0, 0.
 
 
 def test_verl_compute_rollout_correction_weights_token_and_sequence():
-    """verl `verl/trainer/ppo/rollout_corr_helper.py` `compute_rollout_correction_weights`
+    """verl b178a3c, `verl/trainer/ppo/rollout_corr_helper.py` `compute_rollout_correction_weights`
     (`rollout_is="token"` / `"sequence"`, `rollout_is_batch_normalize=False`): `exp` of the token
     log-ratio (or of its masked sum over the row), bounded to [-20, 20] first, then
     `clamp(max=rollout_is_threshold)` (default 2.0). Harness: `rollout_correction=token_truncate`
@@ -369,7 +374,8 @@ def test_verl_compute_rollout_correction_weights_token_and_sequence():
 
 
 def test_trl_grpo_trainer_get_off_policy_mask():
-    """TRL `GRPOTrainer.get_off_policy_mask`: keep a sequence where `A >= 0` or its mean over valid
+    """TRL f2cd577, `trl/trainer/grpo_trainer.py`
+    `GRPOTrainer.get_off_policy_mask`: keep a sequence where `A >= 0` or its mean over valid
     tokens of `log pi_sampler - log pi_theta` is `<= off_policy_mask_threshold`, drop it otherwise.
     Harness: `rollout_correction=off_policy_sequence_mask rollout_correction.threshold=<threshold>`."""
     threshold = 0.45
