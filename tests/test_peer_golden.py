@@ -551,3 +551,33 @@ def test_verl_compute_remax_outcome_advantage():
     ctx_kl = AdvantageContext(scores=tr_kl.sum(-1).reshape(2, 3), token_rewards=tr_kl, mask=MASK_V,
                               greedy_scores=greedy)
     assert not torch.allclose(estimate_advantages("remax", ctx_kl).advantages * MASK_V, verl(tr_kl))
+
+
+def test_openrlhf_policy_loss_vllm_is_correction_tis():
+    """OpenRLHF 3c3be62, `openrlhf/models/loss.py` `PolicyLoss.forward`, `policy_loss_type="ppo"`,
+    `vllm_is_correction_type="tis"`: `vllm_is = exp(old - rollout).clamp(min=low_threshold,
+    max=high_threshold).detach()`, `loss = vllm_is * (-min(r A, clip(r, 1 - eps, 1 + eps) A))`,
+    `aggregate_loss` token-level. With `low_threshold <= 0` (no lower bound: the weight is > 0)
+    it is harness `rollout_correction=token_truncate rollout_correction.cap=<high_threshold>`
+    `loss_agg=token-mean`; a `low_threshold` > 0 lifts tokens with `rho < low_threshold`, which no
+    knob of ours does (the row's "differs", checked here)."""
+    high = 2.0
+    lr = SAMPLER_LOG_RATIO
+    spec = ROLLOUT_CORRECTIONS.spec("token_truncate")
+    w = spec.fn(lr, MASK, spec.build(cap=high))
+    ppo_clip = POLICY_LOSSES.spec("ppo_clip")
+    old = torch.full_like(LOG_RATIO, -1.0)  # logp - old = LOG_RATIO
+    per_token, _ = ppo_clip.fn(LOG_RATIO - 1.0, old, ADV, MASK, ppo_clip.build(), weights=w)
+    unweighted, _ = ppo_clip.fn(LOG_RATIO - 1.0, old, ADV, MASK, ppo_clip.build())
+    ours = aggregate_loss(per_token, MASK, "token-mean")
+    r = LOG_RATIO.clamp(-20, 20).exp()
+    ppo = -torch.minimum(r * ADV, r.clamp(0.8, 1.2) * ADV)
+
+    def openrlhf(low):
+        vllm_is = lr.exp().clamp(min=low, max=high)
+        return (vllm_is * ppo * MASK).sum() / MASK.sum()
+
+    torch.testing.assert_close(ours, openrlhf(0.0), **TOL)
+    torch.testing.assert_close(w, lr.exp().clamp(max=high) * MASK, **TOL)
+    assert not torch.isclose(aggregate_loss(unweighted, MASK, "token-mean"), openrlhf(0.0))
+    assert not torch.isclose(ours, openrlhf(0.9))  # a lower bound (rho = e^-0.4 < 0.9 on row 3) differs
