@@ -581,3 +581,24 @@ def test_openrlhf_policy_loss_vllm_is_correction_tis():
     torch.testing.assert_close(w, lr.exp().clamp(max=high) * MASK, **TOL)
     assert not torch.isclose(aggregate_loss(unweighted, MASK, "token-mean"), openrlhf(0.0))
     assert not torch.isclose(ours, openrlhf(0.9))  # a lower bound (rho = e^-0.4 < 0.9 on row 3) differs
+
+
+def test_verl_compute_rollout_rejection_mask_seq_mean_k1():
+    """verl b178a3c, `verl/trainer/ppo/rollout_corr_helper.py` `compute_rollout_rejection_mask`,
+    `rollout_rs="seq_mean_k1"`, `rollout_rs_threshold="<lower>_<upper>"`: `k1 = -clamp(log_ratio,
+    -20, 20)` (`log_ratio = log pi_train - log pi_rollout`), a sequence kept where
+    `log(lower) <= mean_t k1 <= log(upper)`, i.e. `1/upper <= rho_geo <= 1/lower`. Harness:
+    `rollout_correction=geometric rollout_correction.lower=<1/upper> rollout_correction.upper=<1/lower>`
+    (the keep set only: verl then drops the rejected rows from the denominator, ours keeps them at
+    weight 0, the row's "differs"). An asymmetric band separates the two readings."""
+    lo, up = 0.9, 1.6
+    lr = SAMPLER_LOG_RATIO.clone()
+    lr[0, :3] = torch.tensor([0.5, 0.1, 0.3], dtype=F64)  # mean 0.3: inside [lo, up], outside verl's band
+    lr[1, 0] = -0.3  # inside verl's band [1/up, 1/lo], outside [lo, up]
+    k1 = -lr.clamp(-20, 20)
+    mean_k1 = (k1 * MASK).sum(-1) / MASK.sum(-1).clamp(min=1)
+    verl = ((mean_k1 >= math.log(lo)) & (mean_k1 <= math.log(up))).to(F64)[:, None] * MASK
+    spec = ROLLOUT_CORRECTIONS.spec("geometric")
+    ours = spec.fn(lr, MASK, spec.build(lower=1 / up, upper=1 / lo))
+    torch.testing.assert_close(ours, verl, **TOL)
+    assert not torch.equal(spec.fn(lr, MASK, spec.build(lower=lo, upper=up)), verl)
