@@ -289,7 +289,7 @@ def test_verl_compute_policy_loss_cispo():
     .detach() * A * log pi` (log-ratio bounded to +-20), aggregated by `agg_loss`. Harness:
     `policy_loss=cispo policy_loss.epsilon_low=<clip_ratio_low> policy_loss.epsilon_high=<clip_ratio_high>`
     (the default has no lower bound, as the paper); gradients checked too."""
-    low, high = 0.2, 0.28
+    low, high = 0.5, 0.28  # ratios 0.41, 0.46 below the band, 0.53, 0.76 inside, 1.43-2.46 above
     logp, per_token = _loss("cispo", epsilon_low=low, epsilon_high=high)
     ours = aggregate_loss(per_token, MASK, "token-mean")
     ours.backward()
