@@ -13,6 +13,7 @@ NeMo-RL 7ea279a (2026-08-22).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from harness.algo import AdvantageContext, compute_advantages, estimate_advantages
@@ -228,3 +229,31 @@ def test_verl_compute_remax_outcome_advantage():
     ctx_kl = AdvantageContext(scores=tr_kl.sum(-1).reshape(2, 3), token_rewards=tr_kl, mask=MASK_V,
                               greedy_scores=greedy)
     assert not torch.allclose(estimate_advantages("remax", ctx_kl).advantages * MASK_V, verl(tr_kl))
+
+
+# ----------------------------------------------------------------- group filter
+
+
+def test_verl_recipe_dapo_ray_trainer_filter_groups_keep_rule():
+    """verl-recipe 21892b9 (the `recipe/` submodule of verl b178a3c), `dapo/dapo_ray_trainer.py`
+    `RayDAPOTrainer.fit`, `algorithm.filter_groups.enable`: a prompt's group is kept where
+    `np.std(metric_vals) > 0 or len(metric_vals) == 1`. Harness: `group_filter=dapo` keeps the
+    same groups of 2 or more members, float32 rewards as the trainer's (numpy's std of a constant
+    group is 0; a float32 `torch.std` of one group of eight 0.1s is 8e-9). The refill and the group of one
+    differ (docs/knobs.md)."""
+    from harness.algo.filters import GROUP_FILTERS  # noqa: PLC0415 -- only this test needs it
+
+    rewards = torch.stack([
+        torch.full((8,), 0.1),  # eight formatted wrong answers (task.format_reward=0.1)
+        torch.full((8,), 0.7),
+        torch.tensor([1.1] * 7 + [0.1]),
+        (0.95 + 1e-4 * torch.linspace(-1, 1, 8)),
+        torch.full((8,), 1.0),
+    ]).to(torch.float32)
+    verl = torch.tensor([bool(np.std(row.numpy()) > 0) for row in rewards])
+    spec = GROUP_FILTERS.spec("dapo")
+    assert spec.fn(rewards, spec.build()).tolist() == verl.tolist() == [False, False, True, True, False]
+    # one group at a time, as a refill round that needs one group (or one prompt per rank) filters
+    one_by_one = [bool(spec.fn(row[None], spec.build())) for row in rewards]
+    assert one_by_one == verl.tolist()
+    assert bool(rewards[:1].std(dim=1) > 0)  # there the std > 0 reading keeps the constant 0.1 group
