@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from harness.algo import AdvantageContext, compute_advantages, estimate_advantages
+from harness.algo import GROUP_FILTERS, AdvantageContext, compute_advantages, estimate_advantages
 
 F64 = torch.float64
 TOL = dict(rtol=1e-12, atol=1e-12)
@@ -241,8 +241,6 @@ def test_verl_recipe_dapo_ray_trainer_filter_groups_keep_rule():
     same groups of 2 or more members, float32 rewards as the trainer's (numpy's std of a constant
     group is 0; a float32 `torch.std` of one group of eight 0.1s is 8e-9). The refill and the group of one
     differ (docs/knobs.md)."""
-    from harness.algo.filters import GROUP_FILTERS  # noqa: PLC0415 -- only this test needs it
-
     rewards = torch.stack([
         torch.full((8,), 0.1),  # eight formatted wrong answers (task.format_reward=0.1)
         torch.full((8,), 0.7),
