@@ -407,9 +407,13 @@ def _nemo_rl_loo(rewards: torch.Tensor, bessel: bool, eps: float) -> torch.Tenso
     return out
 
 
-def test_rloo_loo_std_matches_nemo_rl_before_and_after_pr_1423():
-    """Golden: NeMo-RL's leave-one-out std, population (before PR #1423, 2025-11-13, eps 0) and
-    Bessel-corrected with eps 1e-6 (since), on 4 groups of G=5; the two differ by sqrt(4/3)."""
+def test_nemo_rl_calculate_baseline_and_std_per_prompt_leave_one_out():
+    """Golden: NeMo-RL `nemo_rl/algorithms/utils.py` `calculate_baseline_and_std_per_prompt`
+    (`leave_one_out_baseline=true`) with `nemo_rl/algorithms/advantage_estimator.py`
+    `GRPOAdvantageEstimator.compute_advantage` (`normalize_rewards=true`), read at 7ea279a (since
+    PR #1423, 2025-11-13: Bessel-corrected, eps 1e-6) and at the PR's parent 7124e44^ (population,
+    eps 0), on 4 groups of G=5; the two differ by sqrt(4/3). Harness: `advantage=rloo
+    advantage.scale=loo_std` (before) and `... advantage.unbiased=true advantage.eps=1e-6` (since)."""
     r = torch.tensor([[0.0, 1.0, 1.0, 0.5, 0.2], [1.0, 0.0, 0.0, 0.0, 0.3],
                       [0.7, 0.7, 0.1, 0.9, 0.4], [0.25, 1.0, 0.0, 1.0, 0.0]], dtype=torch.float64)
     old = compute_advantages(r, "rloo", scale="loo_std")

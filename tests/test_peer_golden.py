@@ -1,9 +1,11 @@
-"""Golden tests of the peer tables in docs/knobs.md ("Against the peers, variant by variant"): for
-each row that says "same with `<knobs>`", the peer's formula written out here from the code read
-(file, function and commit named in each docstring; no peer package is imported), fed inputs that
-separate the conventions (near-constant groups, constant groups, fully masked rows, unequal
-lengths, ratios on both sides of every clip), and the harness with those knobs equals it to 1e-12
-in float64. Each test also shows that the knob is on: without it the harness differs.
+"""Golden tests of the peer tables in docs/knobs.md ("Against the peers, variant by variant"),
+advantage estimators (the policy losses, aggregations, KL estimators and rollout corrections are in
+tests/test_peer_golden_losses.py): for each row that says "same with `<knobs>`", the peer's formula
+written out here from the code read (file, function and commit named in each docstring; no peer
+package is imported), fed inputs that separate the conventions (near-constant groups, constant
+groups, one-hot groups, unequal lengths, KL in the token rewards), and the harness with those knobs
+equals it to 1e-12 in float64. Each test also shows that the knob is on: without it the harness
+differs.
 
 Commits read: TRL f2cd577 (2026-07-24), verl b178a3c (2026-01-29), OpenRLHF 3c3be62 (2026-08-13),
 NeMo-RL 7ea279a (2026-08-22).
@@ -11,22 +13,14 @@ NeMo-RL 7ea279a (2026-08-22).
 
 from __future__ import annotations
 
-import math
-
+import numpy as np
 import torch
 
-from harness.algo import (
-    POLICY_LOSSES,
-    ROLLOUT_CORRECTIONS,
-    AdvantageContext,
-    compute_advantages,
-    estimate_advantages,
-    kl_penalty,
-)
-from harness.algo.aggregation import aggregate_loss
+from harness.algo import GROUP_FILTERS, AdvantageContext, compute_advantages, estimate_advantages
 
 F64 = torch.float64
 TOL = dict(rtol=1e-12, atol=1e-12)
+
 
 # Four groups of G = 5: spread rewards, a near-constant group (0.95 + 1e-4 z, the inputs on
 # which an eps or a variance floor decides the scale), a constant group, a one-hot group.
@@ -41,9 +35,6 @@ REWARDS = torch.stack([
 # A token batch: 4 rows, unequal lengths, one fully masked row (an empty / masked completion).
 LENGTHS = [3, 1, 0, 5]
 MASK = (torch.arange(5)[None] < torch.tensor(LENGTHS)[:, None]).to(F64)
-LOG_RATIO = torch.linspace(-0.9, 1.5, 20, dtype=F64).reshape(4, 5)  # ratios 0.41 ... 4.5
-ADV_ROWS = torch.tensor([1.3, -0.7, 0.4, -1.1], dtype=F64)
-ADV = ADV_ROWS[:, None].expand(4, 5).clone()
 
 
 def _std(x: torch.Tensor, bessel: bool) -> torch.Tensor:
@@ -53,24 +44,12 @@ def _std(x: torch.Tensor, bessel: bool) -> torch.Tensor:
     return (dev.square().sum(-1, keepdim=True) / (n - 1 if bessel else n)).sqrt()
 
 
-def _loss(name: str, **params):
-    """Harness per-token loss of ``name`` on the token batch; logp carries the gradient."""
-    logp = (LOG_RATIO - 1.0).clone().requires_grad_()
-    spec = POLICY_LOSSES.spec(name)
-    per_token, _ = spec.fn(logp, (LOG_RATIO - 1.0) - LOG_RATIO, ADV, MASK, spec.build(**params))
-    return logp, per_token
-
-
-def _seq_token_mean_all_rows(per_token: torch.Tensor) -> torch.Tensor:
-    """TRL's loss_type "grpo"/"sapo" reduction: ((l * m).sum(-1) / m.sum(-1).clamp(min=1)).mean()."""
-    return ((per_token * MASK).sum(-1) / MASK.sum(-1).clamp(min=1.0)).mean()
-
 
 # ----------------------------------------------------------------- advantage estimators
 
 
 def test_trl_grpo_trainer_scale_rewards_group_advantages():
-    """TRL `trl/trainer/grpo_trainer.py` `GRPOTrainer._generate_and_score_completions`,
+    """TRL f2cd577, `trl/trainer/grpo_trainer.py` `GRPOTrainer._generate_and_score_completions`,
     `scale_rewards="group"`: `(r - nanmean_g) / (nanstd_g + 1e-4)`, `nanstd` Bessel-corrected
     (`trl/trainer/utils.py` `nanstd`). Harness: `advantage=grpo advantage.eps=1e-4`."""
     trl = (REWARDS - REWARDS.mean(-1, keepdim=True)) / (_std(REWARDS, bessel=True) + 1e-4)
@@ -81,7 +60,8 @@ def test_trl_grpo_trainer_scale_rewards_group_advantages():
 
 
 def test_trl_grpo_trainer_scale_rewards_batch_advantages():
-    """The same TRL function, `scale_rewards="batch"`: the group mean is subtracted and the result
+    """The same TRL function (f2cd577, `trl/trainer/grpo_trainer.py`
+    `GRPOTrainer._generate_and_score_completions`), `scale_rewards="batch"`: the group mean is subtracted and the result
     divided by `nanstd` of every reward of the batch (Bessel) + 1e-4. Harness:
     `advantage=grpo advantage.scale=batch advantage.eps=1e-4`."""
     batch_std = _std(REWARDS.reshape(1, -1), bessel=True)
@@ -92,7 +72,7 @@ def test_trl_grpo_trainer_scale_rewards_batch_advantages():
 
 
 def test_openrlhf_experience_maker_group_norm_advantages():
-    """OpenRLHF `openrlhf/trainer/ppo_utils/experience_maker.py`
+    """OpenRLHF 3c3be62, `openrlhf/trainer/ppo_utils/experience_maker.py`
     `compute_advantages_and_returns`, estimator `group_norm`:
     `(r - r.mean(-1)) / (r.std(-1) + 1e-9)` (torch.std: Bessel). With gamma 1 and no KL in the
     reward, every token of a row carries that value. Harness: `advantage=grpo advantage.eps=1e-9`."""
@@ -136,7 +116,8 @@ def test_nemo_rl_grpo_advantage_estimator_before_pr_1423():
 
 
 def test_verl_compute_gpg_outcome_advantage():
-    """verl `core_algos.compute_gpg_outcome_advantage` (`f_norm` 1): `alpha = B / count_nonzero(r)`
+    """verl b178a3c, `verl/trainer/ppo/core_algos.py`
+    `compute_gpg_outcome_advantage` (`f_norm` 1): `alpha = B / count_nonzero(r)`
     over the batch, `A = alpha (r - mean_g)`. Harness: `advantage=gpg advantage.alpha=nonzero`
     (the paper's `alpha = B / (B - M)` is the default)."""
     r = REWARDS.clone()
@@ -148,7 +129,7 @@ def test_verl_compute_gpg_outcome_advantage():
 
 
 def test_verl_compute_gae_advantage_return_lam_1():
-    """verl `verl/trainer/ppo/core_algos.py` `compute_gae_advantage_return`: the backward GAE loop
+    """verl b178a3c, `verl/trainer/ppo/core_algos.py` `compute_gae_advantage_return`: the backward GAE loop
     (`delta = r_t + gamma V_{t+1} - V_t`, masked positions skipped) with verl's default
     `lam=1.0`, then `verl_F.masked_whiten` (Bessel-corrected variance, `rsqrt(var + 1e-8)`).
     Harness: `advantage=ppo advantage.lam=1.0` (gamma 1.0, whiten, unbiased as defaults)."""
@@ -180,208 +161,97 @@ def test_verl_compute_gae_advantage_return_lam_1():
     assert not torch.allclose(estimate_advantages("ppo", ctx).advantages * mask, verl)
 
 
-# ----------------------------------------------------------------- policy losses and aggregation
+# ----------------------------------------------------------------- verl outcome estimators, KL placement
 
 
-def test_trl_compute_loss_loss_type_sapo():
-    """TRL `GRPOTrainer._compute_loss`, `loss_type="sapo"`: per token
-    `-sigmoid(tau (r - 1)) 4 / tau * A` (`tau` = `sapo_temperature_pos` 1.0 where `A > 0`, else
-    `sapo_temperature_neg` 1.05), reduced as `"grpo"`: each row's token mean, then the mean over
-    all rows, a fully masked one too. Harness: `policy_loss=sapo
-    loss_agg=seq-mean-token-mean loss_agg.count_masked_rows=true`."""
-    logp, per_token = _loss("sapo")
-    ratio = LOG_RATIO.exp()
-    tau = torch.where(ADV > 0, torch.full_like(ADV, 1.0), torch.full_like(ADV, 1.05))
-    trl = _seq_token_mean_all_rows(-torch.sigmoid(tau * (ratio - 1)) * 4 / tau * ADV)
-    ours = aggregate_loss(per_token, MASK, "seq-mean-token-mean", count_masked_rows=True)
-    torch.testing.assert_close(ours, trl, **TOL)
-    assert not torch.isclose(aggregate_loss(per_token, MASK, "seq-mean-token-mean"), trl)
+# Two groups of G = 3, unequal lengths (no empty row: verl's rows all carry a score).
+LENGTHS_V = [3, 1, 5, 2, 4, 5]
+MASK_V = (torch.arange(5)[None] < torch.tensor(LENGTHS_V)[:, None]).to(F64)
+SCORES_V = torch.tensor([[1.0, 0.0, 0.5], [0.2, 0.9, 0.9]], dtype=F64)
+KL_V = torch.linspace(0.01, 0.3, 30, dtype=F64).reshape(6, 5) * MASK_V  # beta * per-token KL
 
 
-def test_verl_compute_policy_loss_geo_mean():
-    """verl `core_algos.compute_policy_loss_geo_mean`: per row
-    `-A exp(mean_t sgn(A) min(sgn(A) x_t, sgn(A) clamp(x_t, -eps_low, eps_high)))`, `x = log r`,
-    then `torch.mean` over *all* rows (a fully masked row adds 0 and counts). verl's `+ 1e-8` in
-    the two length divisions (a relative 1e-8 / L) is left out. Harness: `policy_loss=gmpo
-    loss_agg=seq-mean-token-mean loss_agg.count_masked_rows=true`."""
-    logp, per_token = _loss("gmpo", epsilon=0.4)
-    sgn = torch.sign(ADV)
-    x_min = sgn * torch.minimum(sgn * LOG_RATIO, sgn * LOG_RATIO.clamp(-0.4, 0.4))
-    L = MASK.sum(-1)
-    rows = torch.zeros(4, dtype=F64)
-    valid = L > 0
-    rows[valid] = -ADV_ROWS[valid] * torch.exp((x_min * MASK).sum(-1)[valid] / L[valid])
-    verl = rows.mean()
-    ours = aggregate_loss(per_token, MASK, "seq-mean-token-mean", count_masked_rows=True)
-    torch.testing.assert_close(ours, verl, **TOL)
-    assert not torch.isclose(aggregate_loss(per_token, MASK, "seq-mean-token-mean"), verl)
+def _outcome_token_rewards(scores: torch.Tensor) -> torch.Tensor:
+    """Each row's score at its last valid token (verl's `token_level_rewards` without KL)."""
+    tr = torch.zeros(6, 5, dtype=F64)
+    for b, L in enumerate(LENGTHS_V):
+        tr[b, L - 1] = scores.flatten()[b]
+    return tr
 
 
-def test_verl_compute_policy_loss_vanilla_dual_clip_3():
-    """verl `core_algos.compute_policy_loss_vanilla`: `-min(r A, clip(r, 1 - 0.2, 1 + 0.2) A)`,
-    and where `A < 0` the dual clip `min(that, -3 A)` (`clip_ratio_c` 3.0, always on), token-mean
-    (`agg_loss`). Harness: `policy_loss=ppo_clip policy_loss.dual_clip=3`."""
-    logp, per_token = _loss("ppo_clip", dual_clip=3.0)
-    r = LOG_RATIO.exp()
-    l1 = torch.maximum(-ADV * r, -ADV * r.clamp(0.8, 1.2))
-    verl_tok = torch.where(ADV < 0, torch.minimum(l1, -3.0 * ADV), l1)
-    verl = (verl_tok * MASK).sum() / MASK.sum()
-    ours = aggregate_loss(per_token, MASK, "token-mean")
-    torch.testing.assert_close(ours, verl, **TOL)
-    _, plain = _loss("ppo_clip")
-    assert not torch.isclose(aggregate_loss(plain, MASK, "token-mean"), verl)
+def _verl_masked_whiten(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """verl `verl/utils/torch_functional.py` `masked_whiten`: masked mean, Bessel-corrected masked
+    variance, `(x - mean) rsqrt(var + 1e-8)`."""
+    n = mask.sum()
+    mean = (x * mask).sum() / n
+    var = ((x - mean).square() * mask).sum() / n * (n / (n - 1))
+    return (x - mean) * torch.rsqrt(var + 1e-8)
 
 
-def test_trl_compute_loss_loss_type_grpo_and_dr_grpo():
-    """TRL `GRPOTrainer._compute_loss` reductions: `"grpo"` = `((l m).sum(-1) /
-    m.sum(-1).clamp(min=1)).mean()` over all rows; `"dr_grpo"` = `(l m).sum() / (B *
-    max_completion_length)`. Harness: `loss_agg=seq-mean-token-mean loss_agg.count_masked_rows=true`
-    and `loss_agg=seq-mean-token-sum-norm loss_agg.count_masked_rows=true` (constant = max_new_tokens)."""
-    _, per_token = _loss("ppo_clip")
-    torch.testing.assert_close(aggregate_loss(per_token, MASK, "seq-mean-token-mean", count_masked_rows=True),
-                               _seq_token_mean_all_rows(per_token), **TOL)
-    max_completion_length = 7
-    dr = (per_token * MASK).sum() / (4 * max_completion_length)
-    ours = aggregate_loss(per_token, MASK, "seq-mean-token-sum-norm", count_masked_rows=True,
-                          max_len=max_completion_length)
-    torch.testing.assert_close(ours, dr, **TOL)
-    assert not torch.isclose(aggregate_loss(per_token, MASK, "seq-mean-token-sum-norm",
-                                            max_len=max_completion_length), dr)
+def test_verl_compute_reinforce_plus_plus_baseline_outcome_advantage():
+    """verl `verl/trainer/ppo/core_algos.py` `compute_reinforce_plus_plus_baseline_outcome_advantage`
+    (b178a3c): `score = token_level_rewards.sum(-1)`, minus its group mean, broadcast to every valid
+    token, then `masked_whiten` over the batch. Harness: `advantage=reinforce_pp_baseline` with
+    `kl.placement=loss` or `none` (the token rewards are the outcome alone). With
+    `kl.placement=reward` (per-token KL in the token rewards) verl broadcasts the row sum, ours
+    takes the return-to-go: they differ, checked here."""
+    def verl(token_rewards):
+        s = token_rewards.sum(-1).reshape(2, 3)
+        s = (s - s.mean(-1, keepdim=True)).reshape(6, 1)
+        return _verl_masked_whiten(s.expand(6, 5) * MASK_V, MASK_V) * MASK_V
+
+    tr = _outcome_token_rewards(SCORES_V)
+    ctx = AdvantageContext(scores=SCORES_V, token_rewards=tr, mask=MASK_V)
+    ours = estimate_advantages("reinforce_pp_baseline", ctx).advantages * MASK_V
+    torch.testing.assert_close(ours, verl(tr), **TOL)
+    tr_kl = tr - KL_V
+    ctx_kl = AdvantageContext(scores=tr_kl.sum(-1).reshape(2, 3), token_rewards=tr_kl, mask=MASK_V)
+    ours_kl = estimate_advantages("reinforce_pp_baseline", ctx_kl).advantages * MASK_V
+    assert not torch.allclose(ours_kl, verl(tr_kl))
 
 
-def test_verl_agg_loss_seq_mean_token_sum_norm():
-    """verl `core_algos.agg_loss`, `"seq-mean-token-sum-norm"`: `sum(seq_losses) /
-    loss_scale_factor`, no division by the number of rows. Harness:
-    `loss_agg=seq-mean-token-sum-norm loss_agg.divide_by_seqs=false loss_agg.constant=<factor>`."""
-    _, per_token = _loss("ppo_clip")
-    verl = (per_token * MASK).sum(-1).sum() / 6.0
-    ours = aggregate_loss(per_token, MASK, "seq-mean-token-sum-norm", constant=6.0, divide_by_seqs=False)
-    torch.testing.assert_close(ours, verl, **TOL)
-    assert not torch.isclose(aggregate_loss(per_token, MASK, "seq-mean-token-sum-norm", constant=6.0), verl)
+def test_verl_compute_remax_outcome_advantage():
+    """verl `verl/trainer/ppo/core_algos.py` `compute_remax_outcome_advantage` (b178a3c): the
+    reward-to-go `(token_level_rewards * mask).flip.cumsum.flip` minus the greedy completion's
+    reward on every valid token. Harness: `advantage=remax` with `kl.placement=loss` or `none`.
+    With `kl.placement=reward` verl's token `t` gets `r - sum_{s>=t} KL_s - r_greedy`, ours
+    `r - sum_t KL_t - r_greedy`: they differ, checked here."""
+    greedy = torch.tensor([0.4, 0.7], dtype=F64)
+
+    def verl(token_rewards):
+        returns = (token_rewards * MASK_V).flip(-1).cumsum(-1).flip(-1)
+        return returns - greedy.repeat_interleave(3)[:, None] * MASK_V
+
+    tr = _outcome_token_rewards(SCORES_V)
+    ctx = AdvantageContext(scores=SCORES_V, token_rewards=tr, mask=MASK_V, greedy_scores=greedy)
+    torch.testing.assert_close(estimate_advantages("remax", ctx).advantages * MASK_V, verl(tr), **TOL)
+    tr_kl = tr - KL_V
+    ctx_kl = AdvantageContext(scores=tr_kl.sum(-1).reshape(2, 3), token_rewards=tr_kl, mask=MASK_V,
+                              greedy_scores=greedy)
+    assert not torch.allclose(estimate_advantages("remax", ctx_kl).advantages * MASK_V, verl(tr_kl))
 
 
-def test_trl_compute_loss_loss_type_cispo():
-    """TRL `GRPOTrainer._compute_loss`, `loss_type="cispo"`:
-    `-clamp(r, max=epsilon_high).detach() * A * log pi`, summed over the tokens / their count
-    (`num_items_in_batch`). TRL's `epsilon_high` is the cap itself (5.0 recommended). Harness:
-    `policy_loss=cispo policy_loss.epsilon_high=<TRL epsilon_high - 1>` (no lower bound, as TRL),
-    `loss_agg=token-mean`; the gradient is checked too."""
-    cap = 1.5
-    logp, per_token = _loss("cispo", epsilon_high=cap - 1.0)
-    ours = aggregate_loss(per_token, MASK, "token-mean")
-    ours.backward()
-    logp_trl = (LOG_RATIO - 1.0).clone().requires_grad_()
-    r = (logp_trl - (LOG_RATIO - 1.0 - LOG_RATIO)).exp()
-    trl = (-r.clamp(max=cap).detach() * ADV * logp_trl * MASK).sum() / MASK.sum()
-    trl.backward()
-    torch.testing.assert_close(ours, trl, **TOL)
-    torch.testing.assert_close(logp.grad, logp_trl.grad, **TOL)
-    _, default = _loss("cispo")
-    assert not torch.isclose(aggregate_loss(default, MASK, "token-mean"), trl)
+# ----------------------------------------------------------------- group filter
 
 
-def test_verl_compute_policy_loss_cispo():
-    """verl `core_algos.compute_policy_loss_cispo`: `-clamp(r, 1 - clip_ratio_low, 1 + clip_ratio_high)
-    .detach() * A * log pi` (log-ratio bounded to +-20), aggregated by `agg_loss`. Harness:
-    `policy_loss=cispo policy_loss.epsilon_low=<clip_ratio_low> policy_loss.epsilon_high=<clip_ratio_high>`
-    (the default has no lower bound, as the paper); gradients checked too."""
-    low, high = 0.2, 0.28
-    logp, per_token = _loss("cispo", epsilon_low=low, epsilon_high=high)
-    ours = aggregate_loss(per_token, MASK, "token-mean")
-    ours.backward()
-    logp_v = (LOG_RATIO - 1.0).clone().requires_grad_()
-    r = (logp_v + 1.0).clamp(-20, 20).exp()
-    verl = (-r.clamp(1 - low, 1 + high).detach() * ADV * logp_v * MASK).sum() / MASK.sum()
-    verl.backward()
-    torch.testing.assert_close(ours, verl, **TOL)
-    torch.testing.assert_close(logp.grad, logp_v.grad, **TOL)
-    _, no_low = _loss("cispo", epsilon_high=high)
-    assert not torch.isclose(aggregate_loss(no_low, MASK, "token-mean"), verl)
-
-
-def test_openrlhf_policy_loss_gspo():
-    """OpenRLHF `openrlhf/models/loss.py` `PolicyLoss`, `policy_loss_type="gspo"`: the sequence
-    ratio `exp(sum_t m log r / L)` at every token, `-min(s A, clamp(s, 1 - eps, 1 + eps_high) A)`,
-    and `token_level_loss` forced off (`aggregate_loss`: each row's token mean, fully masked rows
-    excluded). Harness: `policy_loss=gspo policy_loss.epsilon=<eps> policy_loss.epsilon_high=<eps_high>
-    loss_agg=seq-mean-token-mean`."""
-    eps, eps_high = 0.2, 0.28
-    _, per_token = _loss("gspo", epsilon=eps, epsilon_high=eps_high)
-    s = ((LOG_RATIO * MASK).sum(-1) / MASK.sum(-1).clamp(min=1)).exp()[:, None] * MASK
-    tok = -torch.minimum(s * ADV, s.clamp(1 - eps, 1 + eps_high) * ADV)
-    L = MASK.sum(-1)
-    seq = (tok * MASK).sum(-1) / L.clamp(min=1)
-    openrlhf = seq[L > 0].mean()
-    ours = aggregate_loss(per_token, MASK, "seq-mean-token-mean")
-    torch.testing.assert_close(ours, openrlhf, **TOL)
-    assert not torch.isclose(aggregate_loss(per_token, MASK, "token-mean"), openrlhf)
-
-
-# ----------------------------------------------------------------- KL estimators
-
-
-LOGP_KL = torch.tensor([[-1.0, -0.2, -3.0, -0.5, -25.0]], dtype=F64)
-REF_KL = torch.tensor([[-1.5, -0.2, -0.1, -30.0, -0.4]], dtype=F64)  # k3 > 10 and a log-ratio < -20
-
-
-def test_verl_kl_penalty_forward_low_var_kl():
-    """verl `core_algos.kl_penalty_forward`, `"low_var_kl"`: `kl = clamp(ref - logp, -20, 20)`,
-    `clamp(exp(kl) - kl - 1, -10, 10)`. Harness: `kl.form=k3 kl.clamp=10`."""
-    x = (REF_KL - LOGP_KL).clamp(-20, 20)
-    verl = (x.exp() - x - 1).clamp(-10, 10)
-    torch.testing.assert_close(kl_penalty(LOGP_KL, REF_KL, "k3", clamp=10.0), verl, **TOL)
-    assert not torch.allclose(kl_penalty(LOGP_KL, REF_KL, "k3"), verl)
-
-
-def test_openrlhf_compute_approx_kl_k3():
-    """OpenRLHF `openrlhf/models/utils.py` `compute_approx_kl`, `kl_estimator="k3"`:
-    `lr = logp - ref`, `exp(-lr) - 1 + lr`, clamped to [-10, 10] (every estimator is). Harness:
-    `kl.form=k3 kl.clamp=10` (k1, k2 likewise with `kl.clamp=10`)."""
-    lr = LOGP_KL - REF_KL
-    openrlhf = ((-lr).exp() - 1 + lr).clamp(-10, 10)
-    torch.testing.assert_close(kl_penalty(LOGP_KL, REF_KL, "k3", clamp=10.0), openrlhf, **TOL)
-    torch.testing.assert_close(kl_penalty(LOGP_KL, REF_KL, "k1", clamp=10.0), lr.clamp(-10, 10), **TOL)
-    torch.testing.assert_close(kl_penalty(LOGP_KL, REF_KL, "k2", clamp=10.0), (lr.square() / 2).clamp(-10, 10),
-                               **TOL)
-    assert not torch.allclose(kl_penalty(LOGP_KL, REF_KL, "k1"), lr.clamp(-10, 10))
-
-
-# ----------------------------------------------------------------- rollout corrections
-
-
-SAMPLER_LOG_RATIO = torch.tensor([[0.3, -0.2, 1.6, 0.0, 0.0], [0.5, 0.0, 0.0, 0.0, 0.0],
-                                  [0.0, 0.0, 0.0, 0.0, 0.0], [-0.4, 0.1, 0.2, -19.0, 0.05]], dtype=F64)
-
-
-def test_verl_compute_rollout_correction_weights_token_and_sequence():
-    """verl `verl/trainer/ppo/rollout_corr_helper.py` `compute_rollout_correction_weights`
-    (`rollout_is="token"` / `"sequence"`, `rollout_is_batch_normalize=False`): `exp` of the token
-    log-ratio (or of its masked sum over the row), bounded to [-20, 20] first, then
-    `clamp(max=rollout_is_threshold)` (default 2.0). Harness: `rollout_correction=token_truncate`
-    / `sequence_truncate` with `rollout_correction.cap=2` (log-ratios inside [-20, 20])."""
-    lr = SAMPLER_LOG_RATIO
-    token = lr.clamp(-20, 20).exp().clamp(max=2.0) * MASK
-    seq = (lr * MASK).sum(-1, keepdim=True).clamp(-20, 20).exp().clamp(max=2.0).expand_as(lr) * MASK
-    for name, verl in (("token_truncate", token), ("sequence_truncate", seq)):
-        spec = ROLLOUT_CORRECTIONS.spec(name)
-        torch.testing.assert_close(spec.fn(lr, MASK, spec.build(cap=2.0)), verl, **TOL)
-        assert not torch.allclose(spec.fn(lr, MASK, spec.build()), verl)  # the default cap is 3
-
-
-def test_trl_grpo_trainer_get_off_policy_mask():
-    """TRL `GRPOTrainer.get_off_policy_mask`: keep a sequence where `A >= 0` or its mean over valid
-    tokens of `log pi_sampler - log pi_theta` is `<= off_policy_mask_threshold`, drop it otherwise.
-    Harness: `rollout_correction=off_policy_sequence_mask rollout_correction.threshold=<threshold>`."""
-    threshold = 0.45
-    current = -SAMPLER_LOG_RATIO  # log pi_theta - log pi_sampler
-    adv = torch.tensor([-1.0, -0.5, -2.0, 0.0], dtype=F64)
-    kl = ((-current) * MASK).sum(1, keepdim=True) / MASK.sum(1, keepdim=True).clamp(min=1.0)
-    trl = ((adv[:, None] >= 0) | (kl <= threshold)).to(F64) * MASK
-    spec = ROLLOUT_CORRECTIONS.spec("off_policy_sequence_mask")
-    ours = spec.fn(torch.zeros_like(current), MASK, spec.build(threshold=threshold), advantages=adv,
-                   current_log_ratio=current * MASK)
-    torch.testing.assert_close(ours, trl, **TOL)
-    # rows 0 and 1 (mean divergence 0.57 and 0.5, A < 0) are dropped; the default 0.5 keeps row 1
-    assert ours.sum(1).tolist() == [0.0, 0.0, 0.0, 5.0]
-    default = spec.fn(torch.zeros_like(current), MASK, spec.build(), advantages=adv, current_log_ratio=current * MASK)
-    assert default.sum(1).tolist() == [0.0, 1.0, 0.0, 5.0]
+def test_verl_recipe_dapo_ray_trainer_filter_groups_keep_rule():
+    """verl-recipe 21892b9 (the `recipe/` submodule of verl b178a3c), `dapo/dapo_ray_trainer.py`
+    `RayDAPOTrainer.fit`, `algorithm.filter_groups.enable`: a prompt's group is kept where
+    `np.std(metric_vals) > 0 or len(metric_vals) == 1`. Harness: `group_filter=dapo` keeps the
+    same groups of 2 or more members, float32 rewards as the trainer's (numpy's std of a constant
+    group is 0; a float32 `torch.std` of one group of eight 0.1s is 8e-9). The refill and the group of one
+    differ (docs/knobs.md)."""
+    rewards = torch.stack([
+        torch.full((8,), 0.1),  # eight formatted wrong answers (task.format_reward=0.1)
+        torch.full((8,), 0.7),
+        torch.tensor([1.1] * 7 + [0.1]),
+        (0.95 + 1e-4 * torch.linspace(-1, 1, 8)),
+        torch.full((8,), 1.0),
+    ]).to(torch.float32)
+    verl = torch.tensor([bool(np.std(row.numpy()) > 0) for row in rewards])
+    spec = GROUP_FILTERS.spec("dapo")
+    assert spec.fn(rewards, spec.build()).tolist() == verl.tolist() == [False, False, True, True, False]
+    # one group at a time, as a refill round that needs one group (or one prompt per rank) filters
+    one_by_one = [bool(spec.fn(row[None], spec.build())) for row in rewards]
+    assert one_by_one == verl.tolist()
+    assert bool(rewards[:1].std(dim=1) > 0)  # there the std > 0 reading keeps the constant 0.1 group

@@ -106,6 +106,19 @@ def test_sapo_gate_by_hand():
     assert float(stats["clip_frac"]) == 1.0  # far off-policy: the gate has decayed
 
 
+def test_sapo_zero_advantage_takes_tau_neg():
+    """A token with A = 0 takes tau_neg (verl b178a3c, `verl/trainer/ppo/core_algos.py`
+    `compute_policy_loss_sapo`: `tau_pos` if `A > 0`, else `tau_neg`; TRL f2cd577 the same). Its
+    loss and gradient are 0 under either tau (`-f_tau(r) * 0`), so only the `clip_frac` metric
+    tells the two apart: at r = 2.72 the gate weight `4 sigma (1 - sigma)` is 0.497 < 1/2 with
+    tau_neg = 1.05 (gated) and 0.512 with tau_pos = 1.0 (not gated)."""
+    loss, stats, grad = _run("sapo", [[2.72]], [[0.0]])
+    assert flat(loss) == [0.0] and flat(grad) == [0.0]
+    s_neg, s_pos = (1 / (1 + math.exp(-t * 1.72)) for t in (1.05, 1.0))
+    assert 4 * s_neg * (1 - s_neg) < 0.5 < 4 * s_pos * (1 - s_pos)
+    assert float(stats["clip_frac"]) == 1.0 and float(stats["clip_frac_high"]) == 1.0
+
+
 def test_vespo_gamma_weight_of_the_sequence_ratio_by_hand():
     """phi = W^k exp(lambda (1 - W)), W the product of the row's token ratios; (k, lambda) =
     (2, 3) for A >= 0 and (3, 2) for A < 0; L = -phi A log pi with phi detached."""

@@ -45,16 +45,22 @@ class DAPOFilterParams:
 
 @GROUP_FILTERS.register("dapo", params=DAPOFilterParams)
 def dapo(rewards: Tensor, p: DAPOFilterParams) -> Tensor:
-    """Keep groups whose rewards are not all equal (their std is > 0): a group where every
+    """Keep groups whose rewards are not all equal (``max > min``, exact): a group where every
     completion scores the same carries no group-relative signal (DAPO eq. 11, the constraint
-    ``0 < |{o_i correct}| < G``; verl ``algorithm.filter_groups``). Shapes: ``[P, G]`` -> ``[P]``.
+    ``0 < |{o_i correct}| < G``; verl-recipe ``dapo/dapo_ray_trainer.py`` ``RayDAPOTrainer.fit``,
+    ``np.std(metric) > 0``). Shapes: ``[P, G]`` -> ``[P]``.
+
+    Not ``std > 0``: the float32 std of a constant group of non-dyadic rewards need not be 0
+    (``torch.full((1, 8), 0.1).std(dim=1)`` is 8e-9, from the rounding of the mean; the kernel,
+    and so the result, depends on the batch's shape), so a group of 8 equally formatted wrong
+    answers under ``task.format_reward=0.1`` was kept when filtered alone.
 
     Raises:
         ValueError: ``p.max_rounds < 1``.
     """
     if p.max_rounds < 1:
         raise ValueError(f"group_filter.max_rounds must be >= 1, got {p.max_rounds}")
-    return rewards.std(dim=1) > 0
+    return rewards.amax(dim=1) > rewards.amin(dim=1)
 
 
 __all__ = ["GROUP_FILTERS", "keep_all", "dapo", "NoFilterParams", "DAPOFilterParams"]
