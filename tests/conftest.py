@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.provenance import cpu_model
+from harness.provenance import cpu_family_model, cpu_model
 
 pytest_plugins = ["tests.tiers"]  # the slow / distributed / servers / vllm markers (make test-fast)
 
@@ -41,7 +41,7 @@ def pytest_report_header(config):
     """Which machine and environment a report came from: float rounding (and so a tolerance that is
     too tight) depends on the CPU's vector width and the thread count, and the model code on the
     transformers version (issue 44: 5.25 rounded float64 norms to fp32 where 5.19 did not)."""
-    return [f"cpu: {cpu_model() or 'unknown CPU'} ({os.cpu_count()} logical CPUs), capability "
+    return [f"cpu: {cpu_model() or 'unknown CPU'} (family/model {cpu_family_model()}, {os.cpu_count()} logical CPUs), capability "
             f"{torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads"
             f"{f' (HARNESS_TEST_THREADS={TEST_THREADS})' if TEST_THREADS else ''}",
             "versions: " + ", ".join(f"{name} {version}" for name, version in _versions().items())]
@@ -162,8 +162,12 @@ def dense_rewards(monkeypatch):
 
 
 def pytest_terminal_summary(terminalreporter):
-    """Print what the kill-at-any-moment test measured (number of kills, the window each hit)."""
+    """Print what the kill-at-any-moment test measured (number of kills, the window each hit), and
+    the header's machine and versions again, next to the failures: ``make test`` runs pytest with
+    ``-q``, which hides the header."""
     import sys
+
+    terminalreporter.write_line("environment: " + " | ".join(pytest_report_header(None)))
 
     mod = sys.modules.get("tests.test_kill_anytime") or sys.modules.get("test_kill_anytime")
     for line in getattr(mod, "REPORT", []) or []:
