@@ -11,6 +11,7 @@ A study file (``studies/<name>.yaml``) is the pre-registration. Keys:
   figures, written before the study ran);
 * ``base``: overrides of ``conf/config.yaml`` shared by every arm; ``arms``: ``{arm: [overrides]}``;
   ``control`` and ``treatment``: the two arms compared (effect = treatment - control, paired by seed);
+  or ``control`` and ``comparisons`` (several arms, each against the control at alpha / m: :mod:`analysis.multiarm`);
 * ``seeds``, ``steps`` (``train.steps``), ``eval_size`` (``eval.size``, the first N problems of the
   task's fixed eval set);
 * ``metric``: ``name`` (an MLflow metric) and ``summary``: ``final`` / ``auc`` (greedy eval accuracy
@@ -83,12 +84,13 @@ from mlflow.tracking import MlflowClient
 
 from analysis import seedtest
 from analysis.ablation import CPU_DETAIL_KEYS, RunRecord, bootstrap, load_sweep, per_problem
+from analysis import multiarm
 from analysis.seedtest import MIN_SEEDS, VERDICT_NAMES
 
 RESULTS = Path("results")
 REGISTERED = ("claim", "source", "base", "arms", "control", "treatment", "seeds", "steps", "eval_size",
               "metric", "test")
-OPTIONAL_REGISTERED = ("sequential",)  # registered when the file has them (older registrations stay as written)
+OPTIONAL_REGISTERED = ("sequential", "comparisons")  # registered when the file has them (older registrations stay as written)
 VERDICTS = ("reproduced", "contradicted", "inconclusive")
 EVAL_SUMMARIES = ("final", "auc")
 SEQUENTIAL_KEYS = ("first", "add", "max_seeds", "boundary")
@@ -113,7 +115,7 @@ def load_study(path: str | Path, gpu: bool = False) -> dict:
     spec = yaml.safe_load(path.read_text())
     for key in ("name", "claim", "source", "base", "arms", "control", "treatment", "seeds", "steps", "eval_size",
                 "metric", "test"):
-        if key not in spec:
+        if key not in spec and not (key == "treatment" and "comparisons" in spec):
             raise StudyError(f"{path}: missing key {key!r}")
     if spec["name"] != path.stem:
         raise StudyError(f"{path}: name {spec['name']!r} must be the file stem {path.stem!r}")
@@ -121,8 +123,10 @@ def load_study(path: str | Path, gpu: bool = False) -> dict:
         if not spec.get("gpu"):
             raise StudyError(f"{path}: no gpu section")
         spec = {**spec, **spec["gpu"], "name": spec["name"], "variant": "gpu"}
+    if "comparisons" in spec:  # several arms against one control (analysis/multiarm.py)
+        multiarm.check_comparisons(path, spec, StudyError)
     for role in ("control", "treatment"):
-        if spec[role] not in spec["arms"]:
+        if role in spec and spec[role] not in spec["arms"]:
             raise StudyError(f"{path}: {role} {spec[role]!r} is not an arm ({sorted(spec['arms'])})")
     test = spec["test"]
     if test.get("kind") not in ("difference", "equivalence"):
@@ -191,7 +195,7 @@ def store_uri(spec: dict, root: Path = RESULTS) -> str:
 
 def registration(spec: dict) -> dict:
     """The pre-registered fields (what a finished study may not change)."""
-    return {**{k: spec[k] for k in REGISTERED}, **{k: spec[k] for k in OPTIONAL_REGISTERED if k in spec}}
+    return {**{k: spec[k] for k in REGISTERED if k in spec}, **{k: spec[k] for k in OPTIONAL_REGISTERED if k in spec}}
 
 
 def check_registration(spec: dict, root: Path = RESULTS, has_finished: bool = False) -> None:
@@ -266,19 +270,31 @@ def run_study(spec: dict, root: Path = RESULTS, jobs: int | None = None, launche
     missing registered job (:func:`run_missing`). A ``sequential`` one: for each look
     (:func:`analysis.seedtest.look_sizes`) the missing jobs of its first ``n`` seeds, then the rule
     at the look's nominal alpha (:func:`analyse`); it stops at the first decided look, or when a
-    look's jobs did not all FINISH (logged: the next invocation resumes)."""
+    look's jobs did not all FINISH (logged: the next invocation resumes). With ``comparisons`` each
+    comparison stops at its own first decided look: later looks run only the control and the arms
+    of the comparisons still undecided, and the study stops once every comparison is decided."""
     if "sequential" not in spec:
         run_missing(spec, root, jobs, launcher, keep_checkpoints, log)
         return [len(spec["seeds"])]
     seq, taken = spec["sequential"], []
+    open_ = list(spec.get("comparisons", []))
     for n in seedtest.look_sizes(seq["first"], seq["add"], seq["max_seeds"]):
-        run_missing(spec, root, jobs, launcher, keep_checkpoints, log, seeds=spec["seeds"][:n])
+        only = [spec["control"], *open_] if "comparisons" in spec else None
+        run_missing(spec, root, jobs, launcher, keep_checkpoints, log, seeds=spec["seeds"][:n], only=only)
         records = load_records(spec, root)
-        if missing_jobs(spec, records, spec["seeds"][:n]):
+        if {a: s for a, s in missing_jobs(spec, records, spec["seeds"][:n]).items() if only is None or a in only}:
             log(f"look at {n} seeds: some jobs did not FINISH; stopping here (rerun to resume)")
             break
         taken.append(n)
-        res = analyse(spec, records, client=MlflowClient(store_uri(spec, root)))
+        client = MlflowClient(store_uri(spec, root))
+        if "comparisons" in spec:
+            verdicts = {a: analyse(multiarm.sub_spec(spec, a), records, client=client)["verdict"] for a in open_}
+            log(f"look at {n} seeds: " + ", ".join(f"{a} {v}" for a, v in verdicts.items()))
+            open_ = [a for a in open_ if verdicts[a] == "inconclusive"]
+            if not open_:
+                break
+            continue
+        res = analyse(spec, records, client=client)
         log(f"look at {n} seeds: {res['verdict']}")
         if res["verdict"] != "inconclusive":
             break
@@ -286,14 +302,15 @@ def run_study(spec: dict, root: Path = RESULTS, jobs: int | None = None, launche
 
 
 def run_missing(spec: dict, root: Path = RESULTS, jobs: int | None = None, launcher: str | None = None,
-                keep_checkpoints: bool = False, log=print, seeds: list[int] | None = None) -> dict[str, list[int]]:
-    """Launch the missing (arm, seed) jobs among ``seeds`` (default: all registered); returns what was
-    missing. With the joblib launcher up to
+                keep_checkpoints: bool = False, log=print, seeds: list[int] | None = None,
+                only: list[str] | None = None) -> dict[str, list[int]]:
+    """Launch the missing (arm, seed) jobs among ``seeds`` (default: all registered) of the arms
+    ``only`` (default: every arm); returns what was missing. With the joblib launcher up to
     ``jobs`` jobs run at once: one multirun per arm, arms concurrently (each ``n_jobs`` =
     ``jobs // arms at once``); other launchers get the arms one after another (the cluster
     parallelises). Job failures are logged, not raised: the report counts what FINISHED."""
     records = load_records(spec, root)
-    todo = missing_jobs(spec, records, seeds)
+    todo = {a: s for a, s in missing_jobs(spec, records, seeds).items() if only is None or a in only}
     check_registration(spec, root, has_finished=any(records.values()))
     if not todo:
         return todo
@@ -531,12 +548,20 @@ def effect_text(spec: dict, result: dict) -> str:
 def test_text(spec: dict) -> str:
     t, s = spec["test"], spec["metric"].get("scale", 1)
     diff = f"{spec['treatment']} - {spec['control']}"
+    fam = spec.get("comparison_of")  # one comparison of several against the control (analysis/multiarm.py)
+    if fam:
+        return _test_text(t, s, diff, f"{t['alpha']:.4g} (Bonferroni: family alpha {fam['alpha_family']} over "
+                          f"{fam['m']} comparisons with {spec['control']})")
+    return _test_text(t, s, diff, t.get("alpha", 0.05))
+
+
+def _test_text(t: dict, s: float, diff: str, alpha_text) -> str:
     if t["kind"] == "difference":
         return (f"difference, predicted sign {'+' if t['sign'] > 0 else '-'}: {diff} {'> 0' if t['sign'] > 0 else '< 0'}; "
-                f"alpha {t.get('alpha', 0.05)} (two-sided {100 * (1 - t.get('alpha', 0.05)):.0f}% interval); "
+                f"alpha {alpha_text} (two-sided {100 * (1 - t.get('alpha', 0.05)):.4g}% interval); "
                 f"power stated for a difference of {_num(t['delta'], s)}")
-    return (f"equivalence: |{diff}| < {_num(t['margin'], s)} (TOST, {100 * (1 - 2 * t.get('alpha', 0.05)):.0f}% "
-            f"interval inside the margin); alpha {t.get('alpha', 0.05)}")
+    return (f"equivalence: |{diff}| < {_num(t['margin'], s)} (TOST, {100 * (1 - 2 * t.get('alpha', 0.05)):.4g}% "
+            f"interval inside the margin); alpha {alpha_text}")
 
 
 def verdict_text(spec: dict, result: dict) -> str:
@@ -831,34 +856,49 @@ def index(root: Path = RESULTS, studies: Path = Path("studies")) -> Path:
             "|---|---|---|---|---|---|---|---|---|"]
     short = ["| study | claim | budget | effect (CI) | verdict |", "|---|---|---|---|---|"]
     for f in sorted(studies.glob("*.yaml")):
-        spec = load_study(f)
-        res_path = study_dir(spec, root) / "result.json"
-        if res_path.exists():
-            res = json.loads(res_path.read_text())
-            p = res["power"]
-            cap = lambda k: str(p[k]) if p[k] < 10_000 else ">= 10,000"
-            power = (f"{p['power']:.2f}; {p['seeds_needed']} seeds for 80% ({cap('seeds_needed_lo')} to "
-                     f"{cap('seeds_needed_hi')} over the sd's 95% interval)" if p.get("power") is not None else "n/a")
-            eff, ver = res["effect_text"], res["verdict_text"]
-            setup = spec.get("setup", "") + (f" (measured on {res['measured']})" if res.get("measured") else "")
-            report = f"[{spec['name']}.md](studies/{spec['name']}.md)"
-        else:
-            eff, ver, power, report = "n/a", f"not run ({spec.get('not_run', 'no finished run yet')})", "n/a", "-"
-            setup = spec.get("setup", "")
-        cells = [f"`{spec['name']}`", spec["claim"], spec["source"], setup, eff, ver, power, report,
-                 f"`python -m analysis.study {f.as_posix()}`"]
-        rows.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
-        link = f"[{spec['name']}](results/studies/{spec['name']}.md)" if res_path.exists() else f"`{spec['name']}`"
-        seeds = (f"{spec['sequential']['first']}-{spec['sequential']['max_seeds']} seeds (sequential)"
-                 if "sequential" in spec else f"{len(spec['seeds'])} seeds")
-        budget = f"{seeds} x {spec['steps']} steps, {spec['eval_size']} eval problems"
-        short.append("| " + " | ".join(str(c).replace("|", "\\|") for c in (link, spec["claim"], budget, eff, ver)) + " |")
+        for spec, res, page in _index_entries(load_study(f), root):
+            _index_rows(spec, res, page, f, rows, short)
     out = root / "STUDIES.md"
     out.write_text("\n".join(rows) + "\n")
     readme = Path("README.md")
     if root == RESULTS and readme.exists():
         update_readme(readme, short)
     return out
+
+
+def _index_entries(spec: dict, root: Path) -> list[tuple[dict, dict | None, str]]:
+    """``(spec, result or None, report page stem)`` per row: one for a two-arm study, one per
+    comparison (its :func:`analysis.multiarm.sub_spec`) for a study with ``comparisons``."""
+    res_path = study_dir(spec, root) / "result.json"
+    res = json.loads(res_path.read_text()) if res_path.exists() else None
+    if "comparisons" not in spec:
+        return [(spec, res, spec["name"])]
+    return [(multiarm.sub_spec(spec, a), (res or {}).get("comparisons", {}).get(a), f"{spec['name']}--{a}")
+            for a in spec["comparisons"]]
+
+
+def _index_rows(spec: dict, res: dict | None, page: str, f: Path, rows: list[str], short: list[str]) -> None:
+    """Append ``spec``'s row to the full table ``rows`` and the README's ``short`` table."""
+    label = spec["name"] if page == spec["name"] else f"{spec['name']}: {spec['treatment']} - {spec['control']}"
+    if res is not None:
+        p = res["power"]
+        cap = lambda k: str(p[k]) if p[k] < 10_000 else ">= 10,000"
+        power = (f"{p['power']:.2f}; {p['seeds_needed']} seeds for 80% ({cap('seeds_needed_lo')} to "
+                 f"{cap('seeds_needed_hi')} over the sd's 95% interval)" if p.get("power") is not None else "n/a")
+        eff, ver = res["effect_text"], res["verdict_text"]
+        setup = spec.get("setup", "") + (f" (measured on {res['measured']})" if res.get("measured") else "")
+        report = f"[{page}.md](studies/{page}.md)"
+    else:
+        eff, ver, power, report = "n/a", f"not run ({spec.get('not_run', 'no finished run yet')})", "n/a", "-"
+        setup = spec.get("setup", "")
+    cells = [f"`{label}`", spec["claim"], spec["source"], setup, eff, ver, power, report,
+             f"`python -m analysis.study {f.as_posix()}`"]
+    rows.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
+    link = f"[{label}](results/studies/{page}.md)" if res is not None else f"`{label}`"
+    seeds = (f"{spec['sequential']['first']}-{spec['sequential']['max_seeds']} seeds (sequential)"
+             if "sequential" in spec else f"{len(spec['seeds'])} seeds")
+    budget = f"{seeds} x {spec['steps']} steps, {spec['eval_size']} eval problems"
+    short.append("| " + " | ".join(str(c).replace("|", "\\|") for c in (link, spec["claim"], budget, eff, ver)) + " |")
 
 
 README_MARKS = ("<!-- studies-table: copied from results/STUDIES.md -->", "<!-- /studies-table -->")
@@ -877,7 +917,11 @@ def update_readme(readme: Path, rows: list[str]) -> bool:
 
 
 def report(spec: dict, study_file: Path, root: Path = RESULTS, machine: str | None = None) -> dict:
-    """Analyse the store and write the report, result.json and the index."""
+    """Analyse the store and write the report, result.json and the index. A study with ``comparisons``
+    writes one report per comparison (``<name>--<arm>.md``, :func:`analysis.multiarm.sub_spec`) and a
+    result.json holding ``{"comparisons": {arm: result}}``."""
+    if "comparisons" in spec:
+        return _report_family(spec, study_file, root, machine)
     records = load_records(spec, root)
     provenance, recorded = _annotate(spec, records, root) if any(records.values()) else ([], None)
     # no client on a study never run: opening the uri would create an empty store
@@ -898,6 +942,28 @@ def report(spec: dict, study_file: Path, root: Path = RESULTS, machine: str | No
     d.mkdir(parents=True, exist_ok=True)
     (d / "result.json").write_text(json.dumps(result, indent=1, sort_keys=True, default=float) + "\n")
     return result
+
+
+def _report_family(spec: dict, study_file: Path, root: Path, machine: str | None) -> dict:
+    records = load_records(spec, root)
+    provenance, recorded = _annotate(spec, records, root) if any(records.values()) else ([], None)
+    client = MlflowClient(store_uri(spec, root)) if any(records.values()) else None
+    meta = {**run_meta(records, machine or recorded or _machine()), "provenance": provenance}
+    out = {}
+    for arm in spec["comparisons"]:
+        sub = multiarm.sub_spec(spec, arm)
+        result = analyse(sub, records, client=client)
+        path = root / "studies" / f"{spec['name']}--{arm}.md"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_report(sub, result, records, path, study_file, meta, client)
+        result["measured"] = f"{meta['machine']}, {meta['first'][:10]}" if result["runs_finished"] else ""
+        result["effect_text"], result["verdict_text"] = effect_text(sub, result), verdict_text(sub, result)
+        out[arm] = result
+    d = study_dir(spec, root)
+    d.mkdir(parents=True, exist_ok=True)
+    family = {"comparisons": out, "correction": "bonferroni", "m": len(out)}
+    (d / "result.json").write_text(json.dumps(family, indent=1, sort_keys=True, default=float) + "\n")
+    return family
 
 
 def _machine() -> str:
@@ -932,7 +998,9 @@ def main(argv=None) -> int:
         except StudyError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
-        print(f"{spec['name']}: {res['verdict_text']}; effect {res['effect_text']}")
+        for label, r in ((f"{spec['name']}: {a} - {spec['control']}", r) for a, r in res["comparisons"].items()) \
+                if "comparisons" in res else [(spec["name"], res)]:
+            print(f"{label}: {r['verdict_text']}; effect {r['effect_text']}")
     index(args.results, args.studies[0].parent)
     return 0
 

@@ -1,0 +1,124 @@
+"""analysis.multiarm: several arms against one control in one study (``comparisons``), each decided
+at the Bonferroni level alpha / m; the family-wise rate of a false "reproduced" by simulation."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from analysis import multiarm, seedtest, study
+from tests.test_study import _spec, _store, in_tmp, launched  # noqa: F401 (fixtures)
+
+ARMS = {"A": ["train.lr=1e-7"], "B": ["train.lr=1e-5"], "C": ["train.lr=2e-5"]}
+
+
+def _drop_treatment(path):
+    import yaml
+
+    spec = yaml.safe_load(path.read_text())
+    spec.pop("treatment")
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def test_bad_comparisons_are_refused(in_tmp):
+    both = _spec(in_tmp, arms=ARMS, comparisons=["B", "C"])  # treatment B still there
+    with pytest.raises(study.StudyError, match="either treatment .* or comparisons"):
+        study.load_study(both)
+    for bad, match in ((["B"], "at least 2 distinct"), (["B", "B"], "at least 2 distinct"),
+                       (["A", "B"], "other than the control 'A'"), (["B", "D"], "'D' must be an arm")):
+        with pytest.raises(study.StudyError, match=match):
+            study.load_study(_drop_treatment(_spec(in_tmp, arms=ARMS, comparisons=bad)))
+
+
+def test_each_comparison_is_decided_at_alpha_over_m_and_indexed_as_its_own_row(in_tmp):
+    """A = 30/100 on every seed; B = 70, 72, 68 (B - A = 0.40 +- 0.02); C = 30, 32, 28 (C - A = 0 +- 0.02).
+    m = 2: each paired t interval at 1 - 0.05 / 2, half width t_{0.99375, 2} 0.02 / sqrt 3."""
+    path = _drop_treatment(_spec(in_tmp, arms=ARMS, comparisons=["B", "C"]))
+    runs = [("A", s, 30, None, "FINISHED") for s in range(3)]
+    runs += [("B", s, r, None, "FINISHED") for s, r in zip(range(3), (70, 72, 68))]
+    runs += [("C", s, r, None, "FINISHED") for s, r in zip(range(3), (30, 32, 28))]
+    root = _store(in_tmp, "s", runs)
+    spec = study.load_study(path)
+    res = study.report(spec, path, root, machine="test box")
+    half = stats.t.ppf(1 - 0.025 / 2, 2) * 0.02 / math.sqrt(3)
+    b, c = res["comparisons"]["B"], res["comparisons"]["C"]
+    assert res["correction"] == "bonferroni" and res["m"] == 2
+    assert b["level"] == pytest.approx(0.975, abs=1e-15) and c["level"] == pytest.approx(0.975, abs=1e-15)
+    assert (b["lo"], b["hi"]) == (pytest.approx(0.40 - half, abs=1e-12), pytest.approx(0.40 + half, abs=1e-12))
+    assert (c["lo"], c["hi"]) == (pytest.approx(-half, abs=1e-12), pytest.approx(half, abs=1e-12))
+    assert (b["verdict"], c["verdict"], b["seeds_used"], c["seeds_used"]) == ("reproduced", "inconclusive", 3, 3)
+    assert (root / "studies" / "s--B.md").exists() and (root / "studies" / "s--C.md").exists()
+    assert "B - A" in (root / "studies" / "s--B.md").read_text()
+    table = study.index(root, in_tmp / "studies").read_text()
+    assert "| `s: B - A` |" in table and "| `s: C - A` |" in table and "[s--C.md](studies/s--C.md)" in table
+
+
+def test_a_study_without_comparisons_registers_as_before(in_tmp):
+    spec = study.load_study(_spec(in_tmp))
+    assert "comparisons" not in study.registration(spec) and study.registration(spec)["treatment"] == "B"
+
+
+def _grid_null(rng, n_studies, m, n_seeds, theta, seed_sd=0.034, n_problems=250, base=0.45):
+    """Per-seed paired effects ``[studies, m, seeds]`` of m arms against one shared control: each
+    arm-seed's accuracy is binomial(n_problems, base + theta_arm + seed_sd / sqrt 2 z) / n_problems
+    (so an arm - control pair spreads by seed_sd plus the problems' noise), the control's runs shared."""
+    shift = np.concatenate([[0.0], np.broadcast_to(theta, (m,))])[None, :, None]
+    p = np.clip(base + shift + seed_sd / math.sqrt(2) * rng.standard_normal((n_studies, m + 1, n_seeds)), 0, 1)
+    acc = rng.binomial(n_problems, p) / n_problems
+    return acc[:, 1:] - acc[:, :1]
+
+
+@pytest.mark.parametrize("kind,theta,boundary", [("difference", 0.0, None), ("difference", 0.0, "obrien_fleming"),
+                                                 ("equivalence", 0.05, None),
+                                                 ("equivalence", 0.05, "obrien_fleming")])
+def test_null_family_wise_false_reproduced_rate_is_at_most_alpha(kind, theta, boundary):
+    """2,000 simulated 7-comparison studies (the design card grid's family), every arm at the null:
+    no difference (difference test, sign +1) or every arm exactly at the +5-point margin (TOST). The
+    rate of studies with at least one false "reproduced" is <= alpha + 3 Monte-Carlo SE; without the
+    correction (each comparison at alpha) the same draws exceed it (the check can fail)."""
+    rng = np.random.default_rng(45)
+    m, S, alpha = 7, 2000, 0.05
+    test = ({"kind": "difference", "sign": 1, "alpha": alpha, "delta": 0.05} if kind == "difference"
+            else {"kind": "equivalence", "margin": 0.05, "alpha": alpha})
+    looks = [4, 6, 8, 10, 12] if boundary else [12]
+    x = _grid_null(rng, S, m, looks[-1], theta)
+    fam = multiarm.family_verdicts(x, test, looks, multiarm.comparison_levels(test, m, looks, boundary))
+    rate = (fam["verdict"] == seedtest.REPRODUCED).any(axis=1).mean()
+    se = math.sqrt(alpha * (1 - alpha) / S)
+    assert rate <= alpha + 3 * se, rate
+    raw = multiarm.family_verdicts(x, test, looks, multiarm.comparison_levels(test, 1, looks, boundary))
+    raw_rate = (raw["verdict"] == seedtest.REPRODUCED).any(axis=1).mean()
+    assert raw_rate > alpha + 3 * se, raw_rate
+    print(f"{kind} {boundary}: family false reproduced {rate:.4f} (uncorrected {raw_rate:.4f}), "
+          f"mean seeds {fam['seeds_used'].mean():.2f}")
+
+
+def test_sub_spec_splits_alpha_and_keeps_the_store():
+    spec = {"name": "g", "control": "A", "comparisons": ["B", "C", "D"], "arms": {}, "test": {"kind": "equivalence",
+                                                                                            "margin": 0.05, "alpha": 0.05}}
+    sub = multiarm.sub_spec(spec, "C")
+    assert sub["treatment"] == "C" and sub["name"] == "g" and "comparisons" not in sub
+    assert sub["test"]["alpha"] == 0.05 / 3 and spec["test"]["alpha"] == 0.05
+    assert multiarm.comparison_levels(spec["test"], 3, [10]) == [pytest.approx(2 * 0.05 / 3, abs=1e-16)]
+
+
+def test_a_sequential_family_runs_only_the_control_and_the_undecided_arms(in_tmp, launched):  # noqa: F811
+    """Look 1 (3 of 5 seeds): B - A = 0.40 +- 0.02 is decided (O'Brien-Fleming at 0.05 / 2), C - A =
+    0 +- 0.02 is not: the next look launches seeds 3 and 4 for A and C only."""
+    seq = {"first": 3, "add": 2, "max_seeds": 5, "boundary": "obrien_fleming"}
+    path = _drop_treatment(_spec(in_tmp, arms=ARMS, comparisons=["B", "C"], seeds=(0, 1, 2, 3, 4), sequential=seq))
+    runs = [("A", s, 30, None, "FINISHED") for s in range(3)]
+    runs += [("B", s, r, None, "FINISHED") for s, r in zip(range(3), (70, 72, 68))]
+    runs += [("C", s, r, None, "FINISHED") for s, r in zip(range(3), (30, 32, 28))]
+    root = _store(in_tmp, "s", runs)
+    logs = []
+    assert study.run_study(study.load_study(path), root, log=logs.append) == [3]  # the fake launches finish nothing
+    assert "look at 3 seeds: B reproduced, C inconclusive" in logs
+    joined = [" ".join(c) for c in launched]
+    assert len(launched) == 2 and all("seed=3,4" in c for c in joined)
+    assert any("train.lr=1e-7" in c for c in joined) and any("train.lr=2e-5" in c for c in joined)
+    assert not any("train.lr=1e-5" in c for c in joined)
