@@ -856,14 +856,32 @@ def index(root: Path = RESULTS, studies: Path = Path("studies")) -> Path:
             "|---|---|---|---|---|---|---|---|---|"]
     short = ["| study | claim | budget | effect (CI) | verdict |", "|---|---|---|---|---|"]
     for f in sorted(studies.glob("*.yaml")):
-        for spec, res, page in _index_entries(load_study(f), root):
-            _index_rows(spec, res, page, f, rows, short)
+        study = load_study(f)
+        entries = _index_entries(study, root)
+        family: list[str] = []
+        for spec, res, page in entries:
+            _index_rows(spec, res, page, f, rows, short if "comparisons" not in study else family)
+        if "comparisons" in study:  # the README gets one row per family (it stays <= 150 lines)
+            short.append(_family_row(study, entries))
     out = root / "STUDIES.md"
     out.write_text("\n".join(rows) + "\n")
     readme = Path("README.md")
     if root == RESULTS and readme.exists():
         update_readme(readme, short)
     return out
+
+
+def _family_row(study: dict, entries: list) -> str:
+    """The README's one row for a study with ``comparisons``: each arm's verdict, the effects and
+    intervals left to ``results/STUDIES.md``'s rows (one per comparison)."""
+    verdicts = "; ".join(f"{spec['treatment']}: " + (res["verdict_text"].split(";")[0] if res else "not run")
+                         for spec, res, _ in entries)
+    sub = entries[0][0]
+    seeds = (f"{sub['sequential']['first']}-{sub['sequential']['max_seeds']} seeds (sequential)"
+             if "sequential" in sub else f"{len(sub['seeds'])} seeds")
+    budget = f"{len(entries)} arms vs {study['control']}, {seeds} x {sub['steps']} steps, {sub['eval_size']} eval problems"
+    cells = (f"[{study['name']}](results/STUDIES.md)", study["claim"], budget, "per arm: results/STUDIES.md", verdicts)
+    return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
 
 
 def _index_entries(spec: dict, root: Path) -> list[tuple[dict, dict | None, str]]:
