@@ -257,7 +257,9 @@ def job_command(spec: dict, arm: str, seeds: list[int], root: Path = RESULTS, n_
            f"train.steps={spec['steps']}", f"eval.size={spec['eval_size']}",
            "seed=" + ",".join(str(s) for s in seeds),
            f"tracking.uri={store_uri(spec, root)}", f"tracking.sweep={spec['name']}.{arm}",
-           "checkpoint.dir=checkpoints/studies/${tracking.sweep}/s${seed}", f"hydra/launcher={launcher}",
+           "checkpoint.dir=checkpoints/studies/${tracking.sweep}/s${seed}",
+           # every run of a study starts from the same weights: the step-0 eval is generated once (harness.eval_cache)
+           f"eval.initial_cache=checkpoints/studies/{spec['name']}/eval0", f"hydra/launcher={launcher}",
            "hydra.sweep.subdir=${hydra.job.num}"]  # job folders by number: the overrides make too long a name
     if launcher == "joblib":
         cmd.append(f"hydra.launcher.n_jobs={n_jobs}")

@@ -105,6 +105,9 @@ class EvalConfig:
     num_samples: int = 0  # k samples per problem for mean@k / pass@k (0 = greedy only)
     temperature: float = 1.0
     log_samples: int = 8  # completions per eval written to the MLflow table
+    # a folder: the step-0 eval is stored there and replayed by later runs from the same weights, prompts,
+    # configs, code, versions and machine (harness.eval_cache; one process only). None = always generate.
+    initial_cache: Optional[str] = None
 
 
 @dataclass

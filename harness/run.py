@@ -56,8 +56,8 @@ USER_ERRORS = (ConfigError, FileNotFoundError)
 def config_key(cfg) -> str:
     """A short hash of the config that defines the job: its identity (12 hex characters).
 
-    Excluded: ``tracking``, ``checkpoint``, ``resume`` and ``output_dir`` (where things are
-    recorded, not what is trained) and, with ``train.lr_schedule=constant``, ``train.steps``:
+    Excluded: ``tracking``, ``checkpoint``, ``resume``, ``output_dir`` and ``eval.initial_cache``
+    (where things are recorded, not what is trained) and, with ``train.lr_schedule=constant``, ``train.steps``:
     then a longer job is the same job trained further (raising ``train.steps`` on a finished job
     continues it), while with ``linear``/``cosine`` the lr of every step depends on
     ``train.steps``, so another value is another job. Rerunning the same command gives the same
@@ -66,6 +66,7 @@ def config_key(cfg) -> str:
     d = OmegaConf.to_container(cfg, resolve=True)
     for k in ("tracking", "checkpoint", "resume", "output_dir"):
         d.pop(k, None)
+    d.get("eval", {}).pop("initial_cache", None)  # where the step-0 eval is kept (harness.eval_cache)
     train_cfg = d.get("train") or {}
     if train_cfg.get("lr_schedule", "constant") == "constant":
         train_cfg.pop("steps", None)

@@ -22,7 +22,7 @@ from mlflow.entities import Metric
 from harness import checkpoint as ckpt
 from harness.algo import Algorithm, AdvantageContext, build_algorithm, mismatch_stats
 from harness.algo.packing import estimate_on_model_tokens
-from harness import distributed, progress
+from harness import distributed, eval_cache, progress
 from harness.distributed import full_weights, world
 from harness.evaluation import BY_OUTCOME, completion_len_by_outcome, evaluate
 from harness.health import HealthMonitor
@@ -122,6 +122,9 @@ class Trainer:
         self.entropy_coef, self.last_entropy = float(self.algo.entropy_coef), math.inf
         if self.algo.needs("values") and critic is None:
             raise ValueError(f"advantage={self.algo.estimator.name} needs critic values: pass critic=...")
+        if cfg.eval.initial_cache and self.world.distributed:  # the cache holds one process's whole eval
+            raise ValueError(f"eval.initial_cache={cfg.eval.initial_cache!r}: expected a one-process run "
+                             f"(world size {self.world.world_size}); set eval.initial_cache=null under torchrun")
         self.backend, self.tracker, self.critic = backend, tracker, critic
         # rollout.staleness=k: the backend samples with the weights of k updates ago (harness.staleness)
         self.lagged = LaggedPolicy(policy, cfg.rollout.staleness) if cfg.rollout.staleness else None
@@ -498,15 +501,29 @@ class Trainer:
         cfg, w = self.cfg, self.world
         problems = self.task.eval[: cfg.eval.size] if cfg.eval.size else self.task.eval
         share = w.shard(len(problems))
-        correct: list[int] = []
-        lengths: list[int] = []
-        with full_weights(self.policy), progress.phase("eval"), self._policy_in_backend():
-            m, rows = evaluate(self.task, self.backend, self.tok, problems[share.start : share.stop],
-                           max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
-                           num_samples=cfg.eval.num_samples, temperature=cfg.eval.temperature,
-                           batch_size=cfg.eval.batch_size, log_samples=cfg.eval.log_samples,
-                           seed=cfg.seed * 1_000_003 + 999_983 * (step + 1), first_index=share.start,
-                           correct_out=correct, lengths_out=lengths)
+        seed = cfg.seed * 1_000_003 + 999_983 * (step + 1)
+        t0 = time.perf_counter()
+        cached, key = None, None
+        if step == 0 and cfg.eval.initial_cache:  # validated single-process (harness.validate)
+            prompts = [self.task.prompt(p, self.tok) for p in problems]
+            key = eval_cache.initial_eval_key(cfg, self.policy, prompts, problems, seed)
+            cached = eval_cache.load(cfg.eval.initial_cache, key)
+        if cached is not None:
+            m, rows, correct, lengths = cached["metrics"], cached["rows"], cached["correct"], cached["lengths"]
+            log.info("step-0 eval replayed from %s (key %s...)", cfg.eval.initial_cache, key[:12])
+        else:
+            correct, lengths = [], []
+            with full_weights(self.policy), progress.phase("eval"), self._policy_in_backend():
+                m, rows = evaluate(self.task, self.backend, self.tok, problems[share.start : share.stop],
+                               max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
+                               num_samples=cfg.eval.num_samples, temperature=cfg.eval.temperature,
+                               batch_size=cfg.eval.batch_size, log_samples=cfg.eval.log_samples,
+                               seed=seed, first_index=share.start, correct_out=correct, lengths_out=lengths)
+            if key is not None:
+                eval_cache.store(cfg.eval.initial_cache, key,
+                                 {"metrics": m, "rows": rows, "correct": correct, "lengths": lengths})
+        if step == 0 and key is not None and w.is_main:
+            self.tracker.set_tags({"eval.initial_cached": str(cached is not None).lower()})
         correct = [c for part in w.gather_objects(correct) for c in part]  # eval-set order
         if w.is_main:  # per-problem greedy verdicts: intervals over problems (analysis.ablation)
             self.tracker.log_text(json.dumps({"step": step, "problem_ids": [p.id for p in problems],
@@ -520,6 +537,7 @@ class Trainer:
             m = {**m, **{k: v / n for k, v in summed.items()}, **completion_len_by_outcome(lengths, correct, "eval")}
         if rows and w.is_main:
             self.tracker.log_table(rows, f"samples/eval_step_{step:06d}.json")
+        m = {**m, "time/eval_s": time.perf_counter() - t0}  # this process's eval, replayed or generated
         if self.on_eval is not None:
             self.on_eval(step, m)
         return m

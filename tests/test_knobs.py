@@ -149,6 +149,7 @@ KNOBS = {
     "eval.num_samples": math_(2, "eval"),
     "eval.temperature": math_(0.5, "eval", "eval.num_samples=2"),
     "eval.log_samples": book("rows of the sample table artifact"),
+    "eval.initial_cache": check("check_eval_initial_cache"),  # the replay path: tests/test_eval_cache.py too
     # ---------------------------------------------------------------- bookkeeping
     "tracking.uri": book("where metrics are stored"),
     "tracking.experiment": book("MLflow experiment name"),
@@ -494,6 +495,23 @@ def test_refused_knob_values_fail_at_startup_naming_the_key(key):
     for k in sorted(k for k, v in KNOBS.items() if v.kind == "check")])
 def test_checked_knob(key, tmp_path, monkeypatch):
     globals()[KNOBS[key].value](key, tmp_path, monkeypatch)
+
+
+def check_eval_initial_cache(key, tmp_path, monkeypatch):
+    """A speed switch: a run that stores the step-0 eval (miss) and one that replays it (hit) observe
+    what a run without it does, in float64 to 1e-10; the hit generates nothing at step 0."""
+    base = _baseline((F64,), "hash")
+    stored = probe(F64, f"eval.initial_cache={tmp_path}")
+    replayed = probe(F64, f"eval.initial_cache={tmp_path}")
+    assert len(list(tmp_path.glob("*.json"))) == 1
+    for what in [w for w in SPEED_OBSERVABLES if w != "eval"]:
+        for run in (stored, replayed):
+            assert same(base[what], run[what], **EXACT), f"{key} changed {what}: {diff(base[what], run[what], **EXACT)}"
+    for run in (stored, replayed):  # the eval metrics of every step, step 0's included
+        assert same(base["eval"][1], run["eval"][1], **EXACT), diff(base["eval"][1], run["eval"][1], **EXACT)
+    assert same(base["eval"][0], stored["eval"][0], **EXACT)  # the miss generates as usual
+    n0 = len(base["eval"][0]) - len(replayed["eval"][0])  # the hit skips step 0's generation, only it
+    assert n0 == base["cfg"].eval.size > 0, n0
 
 
 # ---------------------------------------------------------------------------- own set-ups
