@@ -1,7 +1,9 @@
-"""Peak memory of a phase: CUDA allocator peak on GPU, resident-set high-water mark on CPU."""
+"""Peak memory of a phase (CUDA allocator peak on GPU, resident-set high-water mark on CPU) and the
+process's age (start-up cost: interpreter, imports, config composition)."""
 
 from __future__ import annotations
 
+import os
 import resource
 
 import torch
@@ -39,3 +41,16 @@ class PeakMemory:
         except OSError:
             pass
         return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def process_age_s() -> float | None:
+    """Seconds since this process started (Linux: ``/proc/self/stat`` field 22, the start time in
+    clock ticks after boot, against ``/proc/uptime``); None where ``/proc`` is not available."""
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+    except (OSError, IndexError, ValueError):
+        return None
+    return uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22 is the 20th after the name

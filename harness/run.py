@@ -28,7 +28,7 @@ from omegaconf import OmegaConf
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from harness import checkpoint as ckpt
-from harness import credentials, distributed, precision, progress, provenance
+from harness import credentials, distributed, perf, precision, progress, provenance
 from harness import alloc
 from harness.algo import Algorithm, build_algorithm
 from harness.config import register_configs
@@ -101,10 +101,12 @@ def build_policy(cfg, tokenizer):
     return model.to(train_device(cfg.model.device))
 
 
-def build_components(cfg, algo: Algorithm | None = None):
+def build_components(cfg, algo: Algorithm | None = None, times: dict | None = None):
     """Task, tokenizer, policy (train mode), critic (a :class:`harness.critic.Critic` when the
     estimator needs values, else None) and rollout backend for ``cfg``; ``algo``: the run's
-    :class:`harness.algo.Algorithm` (built from ``cfg`` when None).
+    :class:`harness.algo.Algorithm` (built from ``cfg`` when None). ``times``: when a dict, it
+    receives ``time/model_load_s`` (task, tokenizer, policy and critic) and ``time/engine_build_s``
+    (the rollout backend and tool), in seconds.
 
     Shared by :func:`train` and the benchmarks, so both measure the same objects.
 
@@ -112,6 +114,7 @@ def build_components(cfg, algo: Algorithm | None = None):
         FileNotFoundError, ConfigError: missing data or model files, unknown backend.
     """
     progress.library_bars(cfg.rollout.progress)  # datasets' and transformers' bars: only on a terminal
+    t0 = time.perf_counter()
     task = build_task(cfg.task)
     tokenizer = load_tokenizer(cfg.model.name_or_path)
     policy = build_policy(cfg, tokenizer)
@@ -119,11 +122,14 @@ def build_components(cfg, algo: Algorithm | None = None):
     critic = None
     if (algo if algo is not None else build_algorithm(cfg)).needs("values"):
         critic = Critic.build(cfg, policy, lambda: build_policy(cfg, tokenizer))
+    t1 = time.perf_counter()
     backend = build_backend(cfg.rollout.backend, policy, tokenizer, **cfg.rollout)  # the whole rollout node
     tool = build_tool(cfg.tools)
     if tool is not None:  # tools=<name>: episodes of up to rollout.max_turns turns, the task's shots show a call
         backend = EpisodeRollout(backend, tokenizer, tool, cfg.rollout.max_turns)
         task.use_tool(tool)
+    if times is not None:
+        times.update({"time/model_load_s": t1 - t0, "time/engine_build_s": time.perf_counter() - t1})
     return task, tokenizer, policy, critic, backend
 
 
@@ -453,8 +459,10 @@ def _train(cfg, held: contextlib.ExitStack, on_eval, on_step, rerun_of, recorded
         state = found if w.is_main else ckpt.load(plan["path"])
         if w.is_main:
             log.info("resuming from %s (step %d)", plan["path"], state["step"])
+    # the process's age before its first model: interpreter, imports, composition (a multirun's later jobs: its earlier jobs too)
+    setup_times = {"time/process_age_s": perf.process_age_s()}
     algo = build_algorithm(cfg)  # once, after prepare() has resolved train.precision=auto
-    task, tokenizer, policy, critic, backend = build_components(cfg, algo)
+    task, tokenizer, policy, critic, backend = build_components(cfg, algo, times=setup_times)
     weights_sha256 = None
     if w.is_main and cfg.train.sharding != "none":  # hashed whole, before the Trainer shards it
         weights_sha256 = provenance.state_dict_sha256(policy)
@@ -490,8 +498,8 @@ def _train(cfg, held: contextlib.ExitStack, on_eval, on_step, rerun_of, recorded
         tracker.log_text(OmegaConf.to_yaml(cfg, resolve=True), "config/resolved.yaml")
         if w.is_main:
             _record_provenance(tracker, cfg, task, policy, rerun_of, recorded, weights_sha256)
-        tracker.log_metrics({"data/skipped_rows": task.skipped_rows,
-                             "data/unparseable_golds": task.unparseable_golds}, step=0)
+        tracker.log_metrics({"data/skipped_rows": task.skipped_rows, "data/unparseable_golds": task.unparseable_golds,
+                             **{k: v for k, v in setup_times.items() if v is not None}}, step=0)
     if cfg.tracking.system_metrics:
         tracker.start_system_metrics(cfg.tracking.system_metrics_interval_s)
     status = "FAILED"

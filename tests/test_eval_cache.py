@@ -7,6 +7,8 @@ step 1 (a loss knob cannot change step-1 sampling); from step 2 their completion
 the knob changed the step-1 update.
 """
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -90,6 +92,8 @@ def test_cached_step0_eval_is_replayed_and_training_is_unchanged(run_dir):
         for (_, x), (_, y), (_, z) in zip(a[k], b[k], c[k]):
             assert y == pytest.approx(x, abs=1e-10, rel=0) and z == pytest.approx(x, abs=1e-10, rel=0), k
     assert [s for s, _ in h_second("time/eval_s")] == [0, 1, 2]  # every eval timed, the replayed one too
+    for k in ("time/process_age_s", "time/model_load_s", "time/engine_build_s"):  # a study run's split (docs/studies.md)
+        assert [s for s, _ in h_second(k)] == [0] and h_second(k)[0][1] > 0, k
 
     # the replay is what the third run logged: a doctored cache entry shows up in its step-0 metrics
     entry = next(cache.glob("*.json"))
@@ -114,3 +118,9 @@ def test_arms_differing_in_a_loss_knob_share_prompts_and_step1_completions(run_d
     assert torch.equal(a[0].batch.completion_ids, b[0].batch.completion_ids)  # step 1 samples the same
     assert a[0].metrics["train/loss"] != pytest.approx(b[0].metrics["train/loss"], rel=1e-6)  # the knob acted
     assert any(not torch.equal(ra.logprobs, rb.logprobs) for ra, rb in zip(a[1:], b[1:]))  # so the policies parted
+
+
+def test_process_age_counts_from_the_interpreter_start():
+    code = "import time; time.sleep(0.6); from harness.perf import process_age_s; print(process_age_s())"
+    age = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    assert 0.6 <= age < 60

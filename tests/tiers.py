@@ -34,6 +34,7 @@ FAST_TESTS = {
     "test_pipeline.py::test_two_steps_log_params_metrics_tags_and_artifacts",  # the tiny end-to-end run
     "test_eval_cache.py::test_key_changes_with_what_the_eval_depends_on_and_not_with_where_it_is_kept",
     "test_eval_cache.py::test_store_then_load_and_a_damaged_file_is_a_miss",
+    "test_eval_cache.py::test_process_age_counts_from_the_interpreter_start",
     "test_knobs.py::test_every_schema_key_is_classified",
     "test_keep_final.py::test_keep_final_takes_only_its_values",
     # the keep set of top-k / top-p by hand (the rest of the module samples and trains)
