@@ -53,9 +53,10 @@ def run_split(client: MlflowClient, run) -> dict:
             "start": run.info.start_time, "steps": last}
 
 
-def split(spec: dict) -> dict[str, list[dict]]:
-    """``{"generated" | "replayed": [per-run parts]}`` of the study's FINISHED runs that logged the split."""
-    client = MlflowClient(store_uri(spec))
+def split(uri: str) -> dict[str, list[dict]]:
+    """``{"generated" | "replayed": [per-run parts]}`` of the FINISHED runs in the MLflow store ``uri``
+    that logged the split (runs of harness versions before 2026-12-05 did not)."""
+    client = MlflowClient(uri)
     runs = [r for e in client.search_experiments()
             for r in client.search_runs([e.experiment_id], "attributes.status = 'FINISHED'", max_results=5000)]
     rows = [run_split(client, r) for r in runs]
@@ -103,7 +104,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("study")
     a = ap.parse_args(argv)
-    print("\n".join(table(split(load_study(a.study)))))
+    print("\n".join(table(split(store_uri(load_study(a.study))))))
     return 0
 
 

@@ -7,12 +7,15 @@ step 1 (a loss knob cannot change step-1 sampling); from step 2 their completion
 the knob changed the step-1 update.
 """
 import json
+import math
+import os
 import subprocess
 import sys
 
 import pytest
 import torch
 
+from benchmarks import study_cost
 from harness import eval_cache
 from tests.conftest import compose, run_job
 
@@ -94,6 +97,17 @@ def test_cached_step0_eval_is_replayed_and_training_is_unchanged(run_dir):
     assert [s for s, _ in h_second("time/eval_s")] == [0, 1, 2]  # every eval timed, the replayed one too
     for k in ("time/process_age_s", "time/model_load_s", "time/engine_build_s"):  # a study run's split (docs/studies.md)
         assert [s for s, _ in h_second(k)] == [0] and h_second(k)[0][1] > 0, k
+
+    # the split of benchmarks/study_cost: the plain and the storing run generated step 0, the third replayed it
+    groups = study_cost.split(os.environ["MLFLOW_TRACKING_URI"])
+    assert (len(groups["generated"]), len(groups["replayed"])) == (2, 1)
+    for r in groups["generated"] + groups["replayed"]:
+        assert all(math.isfinite(r[p]) and r[p] >= 0 for p in study_cost.PARTS), r
+    replayed = groups["replayed"][0]
+    assert replayed["training steps"] == pytest.approx(sum(v for _, v in h_second("time/step_s")), rel=1e-12)
+    assert replayed["eval (step 0)"] == h_second("time/eval_s")[0][1]
+    assert replayed["eval (final)"] == h_second("time/eval_s")[-1][1]
+    assert replayed["model load"] == h_second("time/model_load_s")[0][1]
 
     # the replay is what the third run logged: a doctored cache entry shows up in its step-0 metrics
     entry = next(cache.glob("*.json"))
