@@ -40,7 +40,8 @@ CHECKS = (
           "almost every completion was truncated, so rewards score unfinished answers"),
     Check("train/frac_reward_zero_std", lambda v: v >= 0.9, ">= 0.9",
           "task / rollout.temperature / group_size",
-          "almost every group has equal rewards, so group-baseline advantages are 0 and the step learns nothing"),
+          "almost every group has equal rewards: a group baseline (grpo, rloo, dr_grpo, ...) gives those groups 0 "
+          "advantage, so such an estimator learns nearly nothing from the step (a critic's or a batch baseline still moves)"),
     Check("train/kl", lambda v: v > 1.0, "> 1.0", "beta / train.lr",
           "the policy has moved far from the reference"),
     Check("train/ratio_mean", lambda v: not 0.5 <= v <= 2.0, "outside [0.5, 2.0]", "train.lr / mu / policy_loss.epsilon",
