@@ -28,7 +28,7 @@ import torch
 from omegaconf import OmegaConf
 
 from harness.digest import tensors_sha256
-from harness.provenance import problems_sha256, versions
+from harness.provenance import cpu_label, problems_sha256, versions
 
 HARNESS_DIR = Path(__file__).resolve().parent
 
@@ -40,16 +40,6 @@ def source_sha256(root: Path = HARNESS_DIR) -> str:
     for f in sorted(root.rglob("*.py")):
         h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes() + b"\0")
     return h.hexdigest()
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def initial_eval_key(cfg, policy, prompts: list[str], problems, seed: int) -> str:
@@ -76,7 +66,7 @@ def initial_eval_key(cfg, policy, prompts: list[str], problems, seed: int) -> st
         "versions": versions(),
         "source": source_sha256(),
         "device": str(next(policy.parameters()).device),
-        "cpu": _cpu_model(),
+        "cpu": cpu_label(),  # model, family/model and the vector ISA torch's kernels use
         "machine": platform.machine(),
         "threads": torch.get_num_threads(),
     }

@@ -138,3 +138,18 @@ def test_process_age_counts_from_the_interpreter_start():
     code = "import time; time.sleep(0.6); from harness.perf import process_age_s; print(process_age_s())"
     age = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
     assert 0.6 <= age < 60
+
+
+def test_refused_under_data_parallel(run_dir, monkeypatch):
+    """Under torchrun each rank scores a share of the eval: a stored whole eval cannot stand in for it."""
+    from harness import trainer
+
+    class TwoRanks:
+        is_main, distributed, world_size = True, True, 2
+
+        def broadcast_module(self, module):
+            pass
+
+    monkeypatch.setattr(trainer, "world", TwoRanks)
+    with pytest.raises(ValueError, match="eval.initial_cache=.*one-process run .world size 2"):
+        run_job(*MOVING, f"checkpoint.dir={run_dir}/e", f"eval.initial_cache={run_dir}/eval0")
