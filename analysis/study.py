@@ -28,6 +28,8 @@ A study file (``studies/<name>.yaml``) is the pre-registration. Keys:
 * ``launcher`` (``joblib``, ``slurm``, ``ray_local``: ``conf/hydra/launcher``) and ``jobs``;
 * optional ``secondary``: metrics reported per arm but not tested; ``not_run``: why the study has
   no runs (shown in the index); ``notes``: text written after the runs, quoted in the report;
+  ``pilots``: the earlier studies this one is the next version of (their rows stay in
+  ``results/STUDIES.md``; the README's table keeps the current version and names them in a note);
 * ``gpu``: the same keys (``base``, ``arms``, ``seeds``, ``steps``, ``eval_size``) for a GPU machine,
   run with ``--gpu`` into ``results/studies/<name>/gpu/``.
 
@@ -857,33 +859,25 @@ def index(root: Path = RESULTS, studies: Path = Path("studies")) -> Path:
             "| study | claim | source | our setup | effect (CI) | verdict | power | report | regenerate |",
             "|---|---|---|---|---|---|---|---|---|"]
     short = ["| study | claim | budget | effect (CI) | verdict |", "|---|---|---|---|---|"]
-    for f in sorted(studies.glob("*.yaml")):
-        study = load_study(f)
-        entries = _index_entries(study, root)
-        family: list[str] = []
-        for spec, res, page in entries:
-            _index_rows(spec, res, page, f, rows, short if "comparisons" not in study else family)
-        if "comparisons" in study:  # the README gets one row per family (it stays <= 150 lines)
-            short.append(_family_row(study, entries))
+    files = [(f, load_study(f)) for f in sorted(studies.glob("*.yaml"))]
+    # a study named in another file's ``pilots`` was superseded by that file's second version: its
+    # row stays here, the README keeps the current versions (it stays <= 150 lines)
+    superseded = {p: study["name"] for _, study in files for p in study.get("pilots", [])}
+    # the README's first row group: the studies with ``comparisons`` (the design card's grid), one row per arm
+    families = [(f, s) for f, s in files if "comparisons" in s]
+    for f, study in families + [(f, s) for f, s in files if "comparisons" not in s]:
+        for spec, res, page in _index_entries(study, root):
+            _index_rows(spec, res, page, f, rows, short if study["name"] not in superseded else [])
+    if superseded:
+        pilots = ", ".join(f"`{p}` ({v})" for p, v in sorted(superseded.items()))
+        short += ["", f"Pilots superseded by a second version, with their rows in "
+                  f"[results/STUDIES.md](results/STUDIES.md): {pilots}."]
     out = root / "STUDIES.md"
     out.write_text("\n".join(rows) + "\n")
     readme = Path("README.md")
     if root == RESULTS and readme.exists():
         update_readme(readme, short)
     return out
-
-
-def _family_row(study: dict, entries: list) -> str:
-    """The README's one row for a study with ``comparisons``: each arm's verdict, the effects and
-    intervals left to ``results/STUDIES.md``'s rows (one per comparison)."""
-    verdicts = "; ".join(f"{spec['treatment']}: " + (res["verdict_text"].split(";")[0] if res else "not run")
-                         for spec, res, _ in entries)
-    sub = entries[0][0]
-    seeds = (f"{sub['sequential']['first']}-{sub['sequential']['max_seeds']} seeds (sequential)"
-             if "sequential" in sub else f"{len(sub['seeds'])} seeds")
-    budget = f"{len(entries)} arms vs {study['control']}, {seeds} x {sub['steps']} steps, {sub['eval_size']} eval problems"
-    cells = (f"[{study['name']}](results/STUDIES.md)", study["claim"], budget, "per arm: results/STUDIES.md", verdicts)
-    return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
 
 
 def _index_entries(spec: dict, root: Path) -> list[tuple[dict, dict | None, str]]:
@@ -914,11 +908,20 @@ def _index_rows(spec: dict, res: dict | None, page: str, f: Path, rows: list[str
     cells = [f"`{label}`", spec["claim"], spec["source"], setup, eff, ver, power, report,
              f"`python -m analysis.study {f.as_posix()}`"]
     rows.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
-    link = f"[{label}](results/studies/{page}.md)" if res is not None else f"`{label}`"
+    link = f"[{label}](results/studies/{page}.md)" if res is not None and res.get("runs_finished") else f"`{label}`"
     seeds = (f"{spec['sequential']['first']}-{spec['sequential']['max_seeds']} seeds (sequential)"
              if "sequential" in spec else f"{len(spec['seeds'])} seeds")
+    if "sequential" in spec and res is not None and res.get("runs_finished") and "seeds_used" in res:
+        seeds = f"{res['seeds_used']} seeds used ({spec['sequential']['first']}-{spec['sequential']['max_seeds']}, sequential)"
     budget = f"{seeds} x {spec['steps']} steps, {spec['eval_size']} eval problems"
-    short.append("| " + " | ".join(str(c).replace("|", "\\|") for c in (link, spec["claim"], budget, eff, ver)) + " |")
+    claim = spec["claim"]
+    if "comparison_of" in spec:  # one arm of a family: its own comparison, the family's claim is in its report
+        test = spec["test"]
+        scale = spec["metric"].get("scale", 1)
+        claim = (f"{spec['treatment']} reaches {spec['control']}'s {spec['metric']['name']} within "
+                 f"{test['margin'] * scale:g} points" if test["kind"] == "equivalence"
+                 else f"{spec['treatment']} differs from {spec['control']} in {spec['metric']['name']}")
+    short.append("| " + " | ".join(str(c).replace("|", "\\|") for c in (link, claim, budget, eff, ver)) + " |")
 
 
 README_MARKS = ("<!-- studies-table: copied from results/STUDIES.md -->", "<!-- /studies-table -->")

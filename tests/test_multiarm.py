@@ -122,3 +122,27 @@ def test_a_sequential_family_runs_only_the_control_and_the_undecided_arms(in_tmp
     assert len(launched) == 2 and all("seed=3,4" in c for c in joined)
     assert any("train.lr=1e-7" in c for c in joined) and any("train.lr=2e-5" in c for c in joined)
     assert not any("train.lr=1e-5" in c for c in joined)
+
+
+def test_readme_table_opens_with_each_arm_of_a_family_and_leaves_superseded_pilots_to_studies_md(in_tmp):
+    """The README's studies table (item 5 of issue 45): a study with ``comparisons`` comes first, one
+    row per arm with its effect, verdict and the seeds it used; a study named in another file's
+    ``pilots`` keeps its row in results/STUDIES.md and leaves the README's table for a note."""
+    path = _drop_treatment(_spec(in_tmp, name="zgrid", arms=ARMS, comparisons=["B", "C"]))
+    runs = [("A", s, 30, None, "FINISHED") for s in range(3)]
+    runs += [("B", s, r, None, "FINISHED") for s, r in zip(range(3), (70, 72, 68))]
+    runs += [("C", s, r, None, "FINISHED") for s, r in zip(range(3), (30, 32, 28))]
+    _store(in_tmp, "zgrid", runs)
+    _spec(in_tmp, name="apilot")
+    _spec(in_tmp, name="bsecond", pilots=["apilot"])
+    study.report(study.load_study(path), path, study.RESULTS, machine="test box")
+    (in_tmp / "README.md").write_text("intro\n" + "\n".join(study.README_MARKS) + "\ntail\n")
+    full = study.index(study.RESULTS, in_tmp / "studies").read_text()
+    readme = (in_tmp / "README.md").read_text()
+    rows = [line for line in readme.splitlines() if line.startswith("| ")][1:]  # past the header
+    assert rows[0].startswith("| [zgrid: B - A](results/studies/zgrid--B.md) | B differs from A in eval/accuracy | "
+                              "3 seeds x 4 steps, 100 eval problems | +40 ")
+    assert rows[0].endswith("| reproduced |") and rows[1].startswith("| [zgrid: C - A](results/studies/zgrid--C.md)")
+    assert [r.split(" | ")[0] for r in rows[2:]] == ["| `bsecond`"]  # the pilot left the README's table
+    assert "Pilots superseded by a second version" in readme and "`apilot` (bsecond)" in readme
+    assert "| `apilot` |" in full and readme.endswith("<!-- /studies-table -->\ntail\n")
