@@ -821,6 +821,61 @@ def plot_secondary(spec: dict, records: dict, path: Path, client=None) -> Path |
     return path
 
 
+def plot_family(spec: dict, records: dict, results: dict, path: Path, client=None) -> Path | None:
+    """A study with ``comparisons`` on one figure: a panel per arm (the control first) with the primary
+    metric vs step, every seed a thin line and the arm's mean a thick one, the control's mean dashed in
+    every panel, and the comparison's verdict in the title; a second thin line style for ``train/accuracy``
+    when the runs logged it (sampled, every step). None when no run finished."""
+    if not any(records.values()):
+        return None
+    import matplotlib  # heavy, only for plots
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # heavy, only for plots
+
+    client = client or MlflowClient(store_uri(spec))
+    scale = spec["metric"].get("scale", 1)
+    arms = [spec["control"], *spec["comparisons"]]
+    cols = min(4, len(arms))
+    rows = math.ceil(len(arms) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.3 * cols, 2.9 * rows), squeeze=False, sharey=True)
+
+    def mean_curve(curves):
+        steps = sorted(set.intersection(*(set(h) for h in curves))) if curves else []
+        return steps, [np.mean([h[x] for h in curves]) * scale for x in steps]
+
+    control = [metric_history(spec, r, client) for _, r in sorted(records.get(spec["control"], {}).items())]
+    for i, (ax, arm) in enumerate(zip(axes.flat, arms)):
+        color = f"C{i}"
+        evals = [metric_history(spec, r, client) for _, r in sorted(records.get(arm, {}).items())]
+        train = [{m.step: m.value for m in client.get_metric_history(r.run_id, "train/accuracy")}
+                 for _, r in sorted(records.get(arm, {}).items())]
+        for h in train:
+            ax.plot(sorted(h), [h[x] * scale for x in sorted(h)], lw=0.5, alpha=0.35, color=color, ls=":")
+        for h in evals:
+            ax.plot(sorted(h), [h[x] * scale for x in sorted(h)], lw=0.7, alpha=0.6, color=color, marker=".")
+        if evals:
+            ax.plot(*mean_curve(evals), lw=2.2, color=color, label=f"{arm} ({len(evals)} seeds)")
+        if arm != spec["control"] and control:
+            ax.plot(*mean_curve(control), lw=1.2, color="k", ls="--", label=f"{spec['control']} mean")
+        verdict = (results.get(arm) or {}).get("verdict") if arm != spec["control"] else "control"
+        ax.set_title(f"{arm}: {verdict}" if evals else f"{arm}: not run", fontsize="small")
+        ax.set_xlabel("training step", fontsize="small")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="xx-small", loc="lower right")
+    for ax in list(axes.flat)[len(arms):]:
+        ax.axis("off")
+    name = spec["metric"]["name"]
+    axes[0][0].set_ylabel(f"{name} (x{scale})" if scale != 1 else name, fontsize="small")
+    fig.suptitle(f"{spec['name']}: {name}, every seed (thin: greedy eval with dots, train/accuracy dotted), "
+                 f"arm mean (thick)", fontsize="medium")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100, metadata={"Software": None})  # no version string: regenerates byte for byte
+    plt.close(fig)
+    return path
+
+
 def run_meta(records: dict, machine: str) -> dict:
     recs = [r for runs in records.values() for r in runs.values()]
     times = sorted(r.params.get("_start_ms", 0) for r in recs)
@@ -868,10 +923,18 @@ def index(root: Path = RESULTS, studies: Path = Path("studies")) -> Path:
     for f, study in families + [(f, s) for f, s in files if "comparisons" not in s]:
         for spec, res, page in _index_entries(study, root):
             _index_rows(spec, res, page, f, rows, short if study["name"] not in superseded else [])
+    notes = []
+    for _, study in families:
+        res_path = study_dir(study, root) / "result.json"
+        figure = json.loads(res_path.read_text()).get("figure") if res_path.exists() else None
+        if figure:
+            notes.append(f"`{study['name']}`, every arm vs step: [{figure}](results/{figure}).")
     if superseded:
         pilots = ", ".join(f"`{p}` ({v})" for p, v in sorted(superseded.items()))
-        short += ["", f"Pilots superseded by a second version, with their rows in "
-                  f"[results/STUDIES.md](results/STUDIES.md): {pilots}."]
+        notes.append(f"Pilots superseded by a second version, with their rows in "
+                     f"[results/STUDIES.md](results/STUDIES.md): {pilots}.")
+    if notes:
+        short += ["", " ".join(notes)]
     out = root / "STUDIES.md"
     out.write_text("\n".join(rows) + "\n")
     readme = Path("README.md")
@@ -985,6 +1048,9 @@ def _report_family(spec: dict, study_file: Path, root: Path, machine: str | None
     d = study_dir(spec, root)
     d.mkdir(parents=True, exist_ok=True)
     family = {"comparisons": out, "correction": "bonferroni", "m": len(out)}
+    figure = plot_family(spec, records, out, root / "plots" / f"{spec['name']}_arms.png", client)
+    if figure is not None:
+        family["figure"] = figure.relative_to(root).as_posix()
     (d / "result.json").write_text(json.dumps(family, indent=1, sort_keys=True, default=float) + "\n")
     return family
 

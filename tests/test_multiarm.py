@@ -146,3 +146,6 @@ def test_readme_table_opens_with_each_arm_of_a_family_and_leaves_superseded_pilo
     assert [r.split(" | ")[0] for r in rows[2:]] == ["| `bsecond`"]  # the pilot left the README's table
     assert "Pilots superseded by a second version" in readme and "`apilot` (bsecond)" in readme
     assert "| `apilot` |" in full and readme.endswith("<!-- /studies-table -->\ntail\n")
+    # the family's figure: a panel per arm, named under the table
+    assert "`zgrid`, every arm vs step: [plots/zgrid_arms.png](results/plots/zgrid_arms.png)." in readme
+    assert (in_tmp / "results" / "plots" / "zgrid_arms.png").stat().st_size > 10_000
