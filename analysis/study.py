@@ -925,10 +925,10 @@ def index(root: Path = RESULTS, studies: Path = Path("studies")) -> Path:
             _index_rows(spec, res, page, f, rows, short if study["name"] not in superseded else [])
     notes = []
     for _, study in families:
-        res_path = study_dir(study, root) / "result.json"
-        figure = json.loads(res_path.read_text()).get("figure") if res_path.exists() else None
-        if figure:
-            notes.append(f"`{study['name']}`, every arm vs step: [{figure}](results/{figure}).")
+        figure = family_figure(study, root)
+        if figure.exists():
+            rel = figure.relative_to(root).as_posix()
+            notes.append(f"`{study['name']}`, every arm vs step: [{rel}](results/{rel}).")
     if superseded:
         pilots = ", ".join(f"`{p}` ({v})" for p, v in sorted(superseded.items()))
         notes.append(f"Pilots superseded by a second version, with their rows in "
@@ -1030,6 +1030,12 @@ def report(spec: dict, study_file: Path, root: Path = RESULTS, machine: str | No
     return result
 
 
+def family_figure(spec: dict, root: Path) -> Path:
+    """Where :func:`plot_family` writes the figure of a study with ``comparisons``:
+    ``<root>/plots/<name>_arms.png`` (the README links it once it exists)."""
+    return root / "plots" / f"{spec['name']}_arms.png"
+
+
 def _report_family(spec: dict, study_file: Path, root: Path, machine: str | None) -> dict:
     records = load_records(spec, root)
     provenance, recorded = _annotate(spec, records, root) if any(records.values()) else ([], None)
@@ -1048,7 +1054,7 @@ def _report_family(spec: dict, study_file: Path, root: Path, machine: str | None
     d = study_dir(spec, root)
     d.mkdir(parents=True, exist_ok=True)
     family = {"comparisons": out, "correction": "bonferroni", "m": len(out)}
-    figure = plot_family(spec, records, out, root / "plots" / f"{spec['name']}_arms.png", client)
+    figure = plot_family(spec, records, out, family_figure(spec, root), client)
     if figure is not None:
         family["figure"] = figure.relative_to(root).as_posix()
     (d / "result.json").write_text(json.dumps(family, indent=1, sort_keys=True, default=float) + "\n")
