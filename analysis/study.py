@@ -268,6 +268,17 @@ def job_command(spec: dict, arm: str, seeds: list[int], root: Path = RESULTS, n_
     return cmd
 
 
+def _look_label(arm: str, result: dict, n: int) -> str:
+    """``arm verdict`` for the log line of the look at ``n`` seeds. A resumed study replays its past
+    looks with every stored seed, so an arm :func:`analyse` finds decided at a later look is labelled
+    with the seed count of the look that decided it."""
+    label = f"{arm} {result['verdict']}"
+    decided_at = result["looks"][-1]["seeds"] if result["looks"] else n
+    if result["verdict"] != "inconclusive" and decided_at != n:
+        label += f" (decided at the look at {decided_at} seeds)"
+    return label
+
+
 def run_study(spec: dict, root: Path = RESULTS, jobs: int | None = None, launcher: str | None = None,
               keep_checkpoints: bool = False, log=print) -> list[int]:
     """Run what the design needs; returns the seed counts of the looks run. A fixed design: every
@@ -292,8 +303,9 @@ def run_study(spec: dict, root: Path = RESULTS, jobs: int | None = None, launche
         taken.append(n)
         client = MlflowClient(store_uri(spec, root))
         if "comparisons" in spec:
-            verdicts = {a: analyse(multiarm.sub_spec(spec, a), records, client=client)["verdict"] for a in open_}
-            log(f"look at {n} seeds: " + ", ".join(f"{a} {v}" for a, v in verdicts.items()))
+            results = {a: analyse(multiarm.sub_spec(spec, a), records, client=client) for a in open_}
+            verdicts = {a: r["verdict"] for a, r in results.items()}
+            log(f"look at {n} seeds: " + ", ".join(_look_label(a, r, n) for a, r in results.items()))
             open_ = [a for a in open_ if verdicts[a] == "inconclusive"]
             if not open_:
                 break
@@ -448,11 +460,13 @@ def analyse(spec: dict, records: dict, n_boot: int = 2000, seed: int = 0, client
     2026-12-04, secondary)."""
     test = spec["test"]
     d, seeds, per_arm = paired_effects(spec, records, client)
+    # one comparison of a family (multiarm.sub_spec) owns its two arms' runs, not the family's
+    counted = (spec["control"], spec["treatment"]) if "comparison_of" in spec else tuple(spec["arms"])
     out = {"name": spec["name"], "variant": spec.get("variant", "cpu"), "seeds_run": seeds,
            "seeds_registered": list(spec["seeds"]), "per_arm": per_arm,
            "level": seedtest.interval_level(test["kind"], test.get("alpha", 0.05)),
-           "runs_finished": sum(len(v) for v in records.values()),
-           "runs_registered": len(spec["seeds"]) * len(spec["arms"]), "window_steps": window_steps(spec)}
+           "runs_finished": sum(len(records.get(a, {})) for a in counted),
+           "runs_registered": len(spec["seeds"]) * len(counted), "window_steps": window_steps(spec)}
     if len(seeds) == 0 or d.size == 0:
         return {**out, "effect": math.nan, "lo": math.nan, "hi": math.nan, "verdict": "inconclusive",
                 "per_seed": [], "power": {"seeds": 0}, "looks": []}
@@ -477,7 +491,7 @@ def analyse(spec: dict, records: dict, n_boot: int = 2000, seed: int = 0, client
               "level": 1 - levels[k], "verdict": VERDICT_NAMES[int(seq["verdict"][0])]} if taken else
              {"effect": math.nan, "lo": math.nan, "hi": math.nan, "level": out["level"], "verdict": "inconclusive"})
     if "sequential" in spec and taken:  # a sequential study registers the runs up to the look it stopped at
-        out["runs_registered"] = len(spec["arms"]) * looks[k]
+        out["runs_registered"] = len(counted) * looks[k]
     return {**out, **final, "units": d.shape[1], "seeds_used": len(used),
             "looks": look_rows if "sequential" in spec else [], "per_seed": [float(x) for x in per_seed],
             "bootstrap": {"lo": blo, "hi": bhi, "verdict": verdict(test, blo, bhi, len(seeds))},

@@ -124,6 +124,44 @@ def test_a_sequential_family_runs_only_the_control_and_the_undecided_arms(in_tmp
     assert not any("train.lr=1e-5" in c for c in joined)
 
 
+def test_a_resumed_family_labels_an_arm_with_the_look_that_decided_it(in_tmp, launched):  # noqa: F811
+    """A resumed study replays its looks with every stored seed. B - A = 0.4, 0.2, 0.6 at the look
+    at 3 seeds (O'Brien-Fleming's first level leaves it open), then 0.4, 0.4: decided at 5 seeds.
+    The replayed look at 3 names that look rather than claiming B was decided at 3 seeds."""
+    seq = {"first": 3, "add": 2, "max_seeds": 5, "boundary": "obrien_fleming"}
+    path = _drop_treatment(_spec(in_tmp, arms=ARMS, comparisons=["B", "C"], seeds=(0, 1, 2, 3, 4), sequential=seq))
+    runs = [("A", s, 30, None, "FINISHED") for s in range(5)]
+    runs += [("B", s, r, None, "FINISHED") for s, r in zip(range(5), (70, 50, 90, 70, 70))]
+    runs += [("C", s, r, None, "FINISHED") for s, r in zip(range(5), (30, 32, 28, 30, 30))]
+    root = _store(in_tmp, "s", runs)
+    spec = study.load_study(path)
+    b = study.analyse(multiarm.sub_spec(spec, "B"), study.load_records(spec, root))
+    assert [(r["seeds"], r["decision"]) for r in b["looks"]] == [(3, "inconclusive"), (5, "reproduced")]
+    logs = []
+    study.run_study(spec, root, log=logs.append)
+    assert not launched and "B reproduced (decided at the look at 5 seeds)" in logs[0]
+    assert logs[0].startswith("look at 3 seeds: ")
+
+
+def test_a_comparison_counts_its_own_two_arms_runs_not_the_familys(in_tmp):
+    """B - A is decided at the look at 3 of 5 seeds, so B stops at 3 seeds; C - A runs to 5. C's
+    report counts A's and C's 10 runs of 10, with no "only ... registered runs finished" caveat from
+    B's seeds 3 and 4 that the design never needed."""
+    seq = {"first": 3, "add": 2, "max_seeds": 5, "boundary": "obrien_fleming"}
+    path = _drop_treatment(_spec(in_tmp, arms=ARMS, comparisons=["B", "C"], seeds=(0, 1, 2, 3, 4), sequential=seq))
+    runs = [("A", s, 30, None, "FINISHED") for s in range(5)]
+    runs += [("B", s, r, None, "FINISHED") for s, r in zip(range(3), (70, 72, 68))]
+    runs += [("C", s, r, None, "FINISHED") for s, r in zip(range(5), (30, 50, 10, 40, 20))]
+    root = _store(in_tmp, "s", runs)
+    spec = study.load_study(path)
+    records = study.load_records(spec, root)
+    c = study.analyse(multiarm.sub_spec(spec, "C"), records)
+    b = study.analyse(multiarm.sub_spec(spec, "B"), records)
+    assert (c["runs_finished"], c["runs_registered"], c["seeds_used"]) == (10, 10, 5)
+    assert (b["verdict"], b["runs_finished"], b["runs_registered"], b["seeds_used"]) == ("reproduced", 8, 6, 3)
+    assert "registered runs finished" not in study.verdict_text(multiarm.sub_spec(spec, "C"), c)
+
+
 def test_readme_table_opens_with_each_arm_of_a_family_and_leaves_superseded_pilots_to_studies_md(in_tmp):
     """The README's studies table (item 5 of issue 45): a study with ``comparisons`` comes first, one
     row per arm with its effect, verdict and the seeds it used; a study named in another file's
