@@ -93,12 +93,17 @@ def problems_sha256(problems) -> str:
 
 
 def versions() -> dict:
+    """Installed versions of :data:`PACKAGES` (``"absent"`` where one is not installed). torch's is
+    ``torch.__version__``, which names the build (``2.13.0+cpu``, ``2.13.0+cu130``) where PyPI's
+    wheel metadata says only ``2.13.0``."""
     out = {"python": platform.python_version()}
     for pkg in PACKAGES:
         try:
             out[pkg] = importlib.metadata.version(pkg)
         except importlib.metadata.PackageNotFoundError:
             out[pkg] = "absent"
+    if "torch" in out:
+        out["torch"] = torch.__version__
     return out
 
 

@@ -244,3 +244,15 @@ def test_rerun_from_a_moved_store_into_another(run_dir, dense_rewards, monkeypat
                  "--into", f"sqlite:///{run_dir / 'new.db'}"]) == 0
     new = MlflowClient(f"sqlite:///{run_dir / 'new.db'}").search_runs(["1"])
     assert len(new) == 1 and new[0].data.tags["rerun_of"] == run.info.run_id
+
+
+def test_torch_version_names_its_build_where_the_wheel_metadata_does_not(monkeypatch):
+    """PyPI's Linux torch 2.13.0 wheel says ``2.13.0`` in its metadata and ``2.13.0+cu130`` in
+    ``torch.__version__``; provenance keeps the build (seen on a fresh machine, 2026-12-05)."""
+    from harness import provenance
+
+    real = provenance.importlib.metadata.version
+    monkeypatch.setattr(provenance.importlib.metadata, "version",
+                        lambda pkg: "2.13.0" if pkg == "torch" else real(pkg))
+    monkeypatch.setattr(provenance.torch, "__version__", "2.13.0+cu130")
+    assert provenance.versions()["torch"] == "2.13.0+cu130"
