@@ -1,6 +1,6 @@
 # grpo-harness: `make run` trains with the defaults, `make test` runs the test suite.
-# Both create .venv on first use. On CPU machines torch is pinned to the CPU wheel first
-# (an unpinned torch pulls a multi-GB CUDA build).
+# Both create .venv on first use. torch is pinned and installed first: the CPU wheel where pip's
+# index or find-links offers one; from PyPI alone, 2.13.0 for Linux x86_64 is the CUDA build (runs on CPU).
 PY       ?= python3
 VENV     ?= .venv
 TORCH    ?= torch==2.13.0
