@@ -304,9 +304,8 @@ def run_study(spec: dict, root: Path = RESULTS, jobs: int | None = None, launche
         client = MlflowClient(store_uri(spec, root))
         if "comparisons" in spec:
             results = {a: analyse(multiarm.sub_spec(spec, a), records, client=client) for a in open_}
-            verdicts = {a: r["verdict"] for a, r in results.items()}
             log(f"look at {n} seeds: " + ", ".join(_look_label(a, r, n) for a, r in results.items()))
-            open_ = [a for a in open_ if verdicts[a] == "inconclusive"]
+            open_ = [a for a in open_ if results[a]["verdict"] == "inconclusive"]
             if not open_:
                 break
             continue

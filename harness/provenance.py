@@ -102,8 +102,7 @@ def versions() -> dict:
             out[pkg] = importlib.metadata.version(pkg)
         except importlib.metadata.PackageNotFoundError:
             out[pkg] = "absent"
-    if "torch" in out:
-        out["torch"] = torch.__version__
+    out["torch"] = torch.__version__  # imported, so never absent
     return out
 
 
