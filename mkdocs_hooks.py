@@ -4,11 +4,11 @@ variant or key needs no edit of it (``docs/reference/config.md`` is generated, g
 
 from __future__ import annotations
 
-from harness import schema_docs
+from harness.launch import schema_docs
 
 
 def on_pre_build(config, **kwargs) -> None:
-    """Write ``docs/reference/config.md`` (:func:`harness.schema_docs.render`) before mkdocs
+    """Write ``docs/reference/config.md`` (:func:`harness.launch.schema_docs.render`) before mkdocs
     collects the pages."""
     schema_docs.PAGE.parent.mkdir(parents=True, exist_ok=True)
     schema_docs.PAGE.write_text(schema_docs.render())

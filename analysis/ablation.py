@@ -45,7 +45,7 @@ from mlflow.tracking import MlflowClient
 from scipy import stats
 
 from analysis.collect import find_duplicates
-from harness.tracking import artifact_path
+from harness.launch.tracking import artifact_path
 
 @dataclass
 class RunRecord:

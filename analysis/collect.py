@@ -37,7 +37,7 @@ import pandas as pd
 from mlflow import MlflowClient
 
 from analysis import DEFAULT_EXPERIMENT, DEFAULT_OUT, DEFAULT_TRACKING_URI
-from harness.tracking import close_stale_runs
+from harness.launch.tracking import close_stale_runs
 
 HISTORY_COLUMNS = ["run_id", "key", "step", "value", "timestamp"]
 # convenience column -> (tag name, param fallback)

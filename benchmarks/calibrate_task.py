@@ -19,11 +19,11 @@ def main(argv: list[str]) -> None:
     from hydra import compose, initialize_config_dir
     from pathlib import Path
 
-    from harness.config import register_configs
-    from harness.evaluation import evaluate
-    from harness.models import load_tokenizer
+    from harness.launch.config import register_configs
+    from harness.train.evaluation import evaluate
+    from harness.model.models import load_tokenizer
     from harness.rollout import SamplingParams, build_backend
-    from harness.run import build_policy
+    from harness.launch.run import build_policy
     from harness.tasks import build_task
 
     register_configs()

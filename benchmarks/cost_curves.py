@@ -38,7 +38,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from benchmarks.jobs import run_job  # noqa: E402
-from harness.provenance import cpu_label  # noqa: E402
+from harness.runtime.provenance import cpu_label  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = {"P": 4, "G": 8, "T": 48}

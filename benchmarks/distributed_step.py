@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness.provenance import cpu_label
+from harness.runtime.provenance import cpu_label
 
 ROOT = Path(__file__).resolve().parents[1]
 KEYS = ["time/step_s", "time/rollout_s", "time/update_s", "perf/tokens_per_s", "perf/completion_tokens",

@@ -1,6 +1,6 @@
 """Training-step time in fp32 vs bf16 on this CPU (the dtype choice behind ``model.dtype``).
 
-One update (log-probs + backward, no optimizer step) of :func:`harness.update.policy_pass` on
+One update (log-probs + backward, no optimizer step) of :func:`harness.train.update.policy_pass` on
 16 x 384 random distinct tokens with the embedded SmolLM2-135M, three ways, in this order:
 
 - ``fp32``: fp32 weights and compute (the default, ``model.dtype=float32``);
@@ -19,9 +19,9 @@ import time
 import torch
 
 from harness.algo import build_algorithm
-from harness.models import EMBEDDED_NAME, load_causal_lm
-from harness.sweep import compose
-from harness.update import TrainBatch, policy_pass
+from harness.model.models import EMBEDDED_NAME, load_causal_lm
+from harness.launch.sweep import compose
+from harness.train.update import TrainBatch, policy_pass
 
 
 def main(argv=None) -> None:

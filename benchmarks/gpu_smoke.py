@@ -22,7 +22,7 @@ exists, else ``embedded:smollm2-135m-instruct``, which needs the 94 MB ``llm-smo
 3. **torchrun**: ``torchrun --nproc_per_node=1`` running the grpo float64 job of part 1 (replaying
    the same batches) with ``train.sharding=none`` (the DDP-exact path: gradients all-reduced) and
    ``fsdp2`` (FSDP2 on a one-rank mesh); losses and final weights compared with the single process
-   to :data:`RTOL_FLOAT64`. Under torchrun :func:`harness.distributed.init` joins a process group of
+   to :data:`RTOL_FLOAT64`. Under torchrun :func:`harness.train.distributed.init` joins a process group of
    one rank (NCCL for CUDA tensors, ``cuda:nccl,cpu:gloo``, where CUDA is visible; gloo on a CPU-only
    machine), so the collectives really run; each row records the backend
    (``torch.distributed.get_backend()``) and whether the policy was sharded.
@@ -93,7 +93,7 @@ class ReplayBackend:
 
 def default_tokenizer() -> str:
     """``.gpu-bundle/tokenizer`` when the bundle holds it, else the embedded model's name."""
-    from harness.models import EMBEDDED_NAME
+    from harness.model.models import EMBEDDED_NAME
 
     t = ROOT / ".gpu-bundle" / "tokenizer"
     return str(t) if (t / "tokenizer_config.json").exists() else EMBEDDED_NAME
@@ -101,12 +101,12 @@ def default_tokenizer() -> str:
 
 def train_job(overrides: list[str], tokenizer: str, replay=None, tiny_config: dict | None = None,
               prepare_policy=None) -> dict:
-    """One :class:`harness.trainer.Trainer` job as ``tests.knob_probe.probe`` builds it (probe's
+    """One :class:`harness.train.trainer.Trainer` job as ``tests.knob_probe.probe`` builds it (probe's
     BASE, EOS row set, hash verdicts), recording or replaying its rollouts. Returns the step losses,
     advantages, final weights (on the CPU), the recorded calls, the step metrics and the last
-    :class:`harness.trainer.StepRecord`."""
-    from harness.run import prepare
-    from harness.trainer import Trainer
+    :class:`harness.train.trainer.StepRecord`."""
+    from harness.launch.run import prepare
+    from harness.train.trainer import Trainer
     from tests.knob_probe import BASE, MemoryTracker, probe_components
     from tests.conftest import compose
 
@@ -256,9 +256,9 @@ def torchrun_part(device: str, tokenizer: str, common: list[str], out: Path, thr
 
 def worker(sharding: str, device: str, tokenizer: str, common: list[str], out: Path) -> None:
     """One rank of part 3: the grpo float64 job replaying part 1's batches; writes its result
-    (a refusal by :func:`harness.validate.validate` is recorded, not raised)."""
-    from harness import distributed
-    from harness.validate import ConfigError
+    (a refusal by :func:`harness.launch.validate.validate` is recorded, not raised)."""
+    from harness.train import distributed
+    from harness.launch.validate import ConfigError
 
     ref = torch.load(out / "replay_grpo_float64.pt", weights_only=False)
     info = {"world_size": int(os.environ.get("WORLD_SIZE", "1"))}

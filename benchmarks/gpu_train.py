@@ -6,7 +6,7 @@ What it checks that CI cannot (no GPU there): the policy, reference and critic t
 stays on CPU), and the loss is finite, for GRPO with a KL term and for PPO with its critic; it
 prints and records step time, rollout/update time and peak CUDA memory per job.
 
-The overlapped mode (``rollout.overlap``, :mod:`harness.overlap`): two jobs with ``rollout=vllm``
+The overlapped mode (``rollout.overlap``, :mod:`harness.train.overlap`): two jobs with ``rollout=vllm``
 (the engine on the same GPU, in the trainer's process) and ``rollout.staleness=1``, without and
 with ``rollout.overlap=true``; their losses must agree (the same batches, so the same maths: bit for
 bit is reported, within 1e-4 of the loss scale is asserted, as float32 may round differently), and

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from benchmarks.jobs import run_job
-from harness.provenance import cpu_label
+from harness.runtime.provenance import cpu_label
 
 ROOT = Path(__file__).resolve().parents[1]
 KEYS = ["time/step_s", "time/rollout_s", "time/update_s", "time/weight_sync_s", "perf/peak_mem_gib",

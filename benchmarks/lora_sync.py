@@ -10,7 +10,7 @@ anew from a fixed seed, the same draws for both modes: a stand-in for an optimiz
 * one rollout of ``prompts x group_size`` sequences is timed (LoRA on in the engine costs decode
   time: vLLM applies ``B A x`` with its punica kernels at every token);
 * the sampler's log-probs of that rollout are compared with the trainer's
-  (:func:`harness.logprobs.token_logprobs` on the policy): the largest absolute difference over the
+  (:func:`harness.model.logprobs.token_logprobs` on the policy): the largest absolute difference over the
   completion tokens, which shows the synced version is the current one.
 
 One JSON line per mode: medians over the steps (the first step's sync included; the warm-up is a
@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from harness.provenance import cpu_model
+from harness.runtime.provenance import cpu_model
 
 ROOT = Path(__file__).resolve().parents[1]
 QUESTION = "What is {a} + {b}? Answer with the number."
@@ -53,7 +53,7 @@ def measure(model, tok, prompts: list[str], group_size: int, params, steps: int,
     """Time merged vs adapter-only sync and the rollout after it (see the module doc).
 
     Args:
-        model: a LoRA policy (``harness.lora.PeftLora(...).apply(model)``), on ``device``.
+        model: a LoRA policy (``harness.model.lora.PeftLora(...).apply(model)``), on ``device``.
         prompts: chat-formatted prompt strings; ``group_size`` samples each.
         params: :class:`harness.rollout.SamplingParams` of the timed rollouts.
         engine: extra ``rollout`` keys for the engine (``kv_cache_gib``, ``max_model_len``, ...).
@@ -63,8 +63,8 @@ def measure(model, tok, prompts: list[str], group_size: int, params, steps: int,
         ``tokens_per_s`` (median), ``logprob_diff_max`` (largest over the steps), ``adapter_mib``
         (the adapter tensors, adapter mode) or ``merged_mib`` (the tensors sent, merged mode).
     """
-    from harness.logprobs import token_logprobs
-    from harness.lora import base_state_dict
+    from harness.model.logprobs import token_logprobs
+    from harness.model.lora import base_state_dict
     from harness.rollout import SamplingParams, build_backend
     from harness.rollout.vllm_lora import adapter_tensors
 
@@ -120,8 +120,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
-    from harness.lora import LoraConfig, PeftLora
-    from harness.models import EMBEDDED_NAME, load_causal_lm, load_tokenizer
+    from harness.model.lora import LoraConfig, PeftLora
+    from harness.model.models import EMBEDDED_NAME, load_causal_lm, load_tokenizer
     from harness.rollout import SamplingParams
 
     tok = load_tokenizer(EMBEDDED_NAME)

@@ -45,8 +45,8 @@ def step_time(precision: str, steps: int, folder: Path) -> dict:
 
 
 def main(argv=None) -> None:
-    from harness import precision
-    from harness.provenance import cpu_model
+    from harness.model import precision
+    from harness.runtime.provenance import cpu_model
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=3)

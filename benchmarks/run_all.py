@@ -8,7 +8,7 @@ in the same run mean much):
    ``model.generate`` on the same batch, at batch 8/32/64 of one short prompt and on a real
    GRPO batch (arith 2-shot prompts, P x G rows);
 3. training: tokens/s and GFLOP/s (6 x params x tokens / s) of log-probs + backward + AdamW
-   through :func:`harness.update.policy_pass` on 16 x 384 distinct tokens, and its peak memory
+   through :func:`harness.train.update.policy_pass` on 16 x 384 distinct tokens, and its peak memory
    vs a naive step that materialises full-vocabulary logits;
 4. the same update on a real GRPO batch with ``share_prefix`` off and on (A B A B), and the
    padding waste of the training forward on a real rollout;
@@ -35,12 +35,12 @@ import torch
 
 from benchmarks import trl_compare
 from harness.algo import build_algorithm
-from harness.models import EMBEDDED_NAME, load_causal_lm, load_tokenizer
-from harness.perf import PeakMemory
-from harness.provenance import cpu_label
+from harness.model.models import EMBEDDED_NAME, load_causal_lm, load_tokenizer
+from harness.runtime.perf import PeakMemory
+from harness.runtime.provenance import cpu_label
 from harness.rollout import SamplingParams, build_backend
-from harness.sweep import compose
-from harness.update import TrainBatch, padding_waste, policy_pass
+from harness.launch.sweep import compose
+from harness.train.update import TrainBatch, padding_waste, policy_pass
 
 ESTIMATORS = ("grpo", "mean_only", "rloo", "reinforce", "ppo")
 

@@ -2,7 +2,7 @@
 
 Each run logs its set-up at step 0 (``time/process_age_s``, ``time/model_load_s``,
 ``time/engine_build_s``), each eval's ``time/eval_s`` and each step's ``time/step_s``
-(:mod:`harness.run`, :mod:`harness.trainer`); MLflow holds the run's start (when the run opened,
+(:mod:`harness.run`, :mod:`harness.train.trainer`); MLflow holds the run's start (when the run opened,
 after the model load) and end. Per run:
 
 * **process start**: the interpreter, imports and Hydra's composition, paid once per multirun

@@ -6,7 +6,7 @@ steps (rollout + reward + log-probs + loss + backward + optimizer), for the harn
 the same weights (the embedded SmolLM2-135M-Instruct, fp32), the same prompt strings in the
 same order (the ``arith`` task's prompts exactly as the harness trainer builds them, handed
 to TRL as a plain-string ``prompt`` column so no chat template is applied twice), the same
-reward code (:func:`harness.rewards.compute_rewards` with the task's verifier), P prompts x
+reward code (:func:`harness.train.rewards.compute_rewards` with the task's verifier), P prompts x
 G samples per step, max new tokens, temperature, top-p, no top-k, mu = 1, beta, epsilon, lr,
 AdamW betas, max grad norm, token-mean loss (TRL ``loss_type="dapo"``), group-scaled
 advantages (TRL ``scale_rewards="group"``), no vLLM, and the same number of torch threads.
@@ -42,8 +42,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness.alloc import tune_malloc
-from harness.provenance import cpu_label
+from harness.runtime.alloc import tune_malloc
+from harness.runtime.provenance import cpu_label
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -97,7 +97,7 @@ def compose_cfg(settings: dict):
     """
     from hydra import compose, initialize_config_dir
 
-    from harness.config import register_configs
+    from harness.launch.config import register_configs
 
     s = settings
     model = ["model=tiny"] if s["model"] == "tiny" else [f"model.name_or_path={s['model']}", "model.dtype=float32"]
@@ -133,12 +133,12 @@ def train_prompts(cfg, task, tokenizer, num_steps: int) -> tuple[list[str], list
 
 
 def _build(settings: dict):
-    """cfg and (task, tokenizer, policy, critic, backend) from :func:`harness.run.build_components`,
-    the objects :func:`harness.run.train` trains."""
+    """cfg and (task, tokenizer, policy, critic, backend) from :func:`harness.launch.run.build_components`,
+    the objects :func:`harness.launch.run.train` trains."""
     import torch
 
-    from harness.run import build_components
-    from harness.validate import validate
+    from harness.launch.run import build_components
+    from harness.launch.validate import validate
 
     cfg = compose_cfg(settings)
     validate(cfg)
@@ -158,7 +158,7 @@ def harness_source_id() -> str:
 
 
 class _NoTracker:
-    """Stands in for :class:`harness.tracking.Tracker`: the benchmark writes no MLflow runs."""
+    """Stands in for :class:`harness.launch.tracking.Tracker`: the benchmark writes no MLflow runs."""
 
     run_id = None
     pending: list = []
@@ -169,7 +169,7 @@ class _NoTracker:
 
 # ----------------------------------------------------------------------------- workers
 def harness_worker(settings: dict) -> dict:
-    """Side A: ``warmup`` untimed then ``steps`` timed :meth:`harness.trainer.Trainer.train_step` calls.
+    """Side A: ``warmup`` untimed then ``steps`` timed :meth:`harness.train.trainer.Trainer.train_step` calls.
 
     Args:
         settings: a full, resolved settings dict.
@@ -181,8 +181,8 @@ def harness_worker(settings: dict) -> dict:
     import torch
 
     t0 = time.perf_counter()
-    from harness.perf import PeakMemory
-    from harness.trainer import Trainer
+    from harness.runtime.perf import PeakMemory
+    from harness.train.trainer import Trainer
 
     cfg, task, tokenizer, policy, critic, backend = _build(settings)
     trainer = Trainer(cfg, task, tokenizer, policy, backend, _NoTracker(), critic=critic, checkpoint_dir=None)
@@ -275,10 +275,10 @@ def trl_worker(settings: dict, output_dir: str) -> dict:
         from trl import GRPOConfig, GRPOTrainer
     except ImportError as e:
         raise TRLUnavailable(f"cannot import trl ({e}); install it with: {PIP_CMD}") from e
-    from harness.rewards import compute_rewards
+    from harness.train.rewards import compute_rewards
 
     s = settings
-    from harness.perf import PeakMemory
+    from harness.runtime.perf import PeakMemory
 
     cfg, task, tokenizer, policy, _, _ = _build(settings)  # the harness side's config, task and weights
     peak = PeakMemory()
@@ -418,7 +418,7 @@ def resolve_settings(**settings) -> dict:
     if "B" in s["order"] and s["advantage"] != "grpo":
         raise ValueError(f"advantage={s['advantage']!r}: TRL's GRPOTrainer only runs grpo; use order='A'")
     if s["model"] is None:
-        from harness.models import embedded_model_dir
+        from harness.model.models import embedded_model_dir
 
         s["model"] = str(embedded_model_dir())
     return s

@@ -5,7 +5,7 @@ embedded SmolLM2-135M-Instruct, fp32) is sampled once; then the update (log-prob
 AdamW step, micro-batches of 8, prefix sharing on as in the default) is timed, interleaved
 A B A B ... with the bare-matmul ceiling measured in the same process between them:
 
-* A = the fused LM head (:class:`harness.logprobs.LinearLogSoftmaxGather`, what the trainer runs);
+* A = the fused LM head (:class:`harness.model.logprobs.LinearLogSoftmaxGather`, what the trainer runs);
 * B = the unfused reference (plain autograd ops under activation checkpointing: what the trainer
   ran before issue 28), patched in for this benchmark only;
 
@@ -47,14 +47,14 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from benchmarks.run_all import arith_prompts, matmul_gflops
-from harness import logprobs
+from harness.model import logprobs
 from harness.algo import build_algorithm
-from harness.logprobs import backbone
-from harness.models import EMBEDDED_NAME, load_causal_lm, load_tokenizer
-from harness.provenance import cpu_label
+from harness.model.logprobs import backbone
+from harness.model.models import EMBEDDED_NAME, load_causal_lm, load_tokenizer
+from harness.runtime.provenance import cpu_label
 from harness.rollout import SamplingParams, build_backend
-from harness.sweep import compose
-from harness.update import TrainBatch, policy_pass
+from harness.launch.sweep import compose
+from harness.train.update import TrainBatch, policy_pass
 
 
 def _unfused(hidden, weight, bias, targets, temperature, with_entropy):

@@ -1,5 +1,5 @@
-"""The config error every startup check raises (:mod:`harness.validate` and the tracking store's
-record check in :mod:`harness.tracking`); kept apart so that importing :mod:`harness.tracking`
+"""The config error every startup check raises (:mod:`harness.launch.validate` and the tracking store's
+record check in :mod:`harness.launch.tracking`); kept apart so that importing :mod:`harness.launch.tracking`
 (as :mod:`analysis` does) does not import the whole config and model stack."""
 
 

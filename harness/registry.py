@@ -5,7 +5,7 @@ tasks (:mod:`harness.tasks`), rollout backends (:mod:`harness.rollout`) and veri
 (:mod:`harness.verifiers.batch`) all register the same way: a function or class, under a config
 string, with its **params dataclass** beside it. That dataclass is declared once and is
 
-* the Hydra structured-config node of that choice (:func:`harness.config.group_schemas` reads it
+* the Hydra structured-config node of that choice (:func:`harness.launch.config.group_schemas` reads it
   from the registry, so ``task=arith`` selects it and a misspelt key fails at startup);
 * the only place the choice's defaults live (the function or class has none of its own);
 * what the function receives, whole (:meth:`Entry.build`), never a filtered set of keys::

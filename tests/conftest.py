@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.provenance import cpu_family_model, cpu_model
+from harness.runtime.provenance import cpu_family_model, cpu_model
 
 pytest_plugins = ["tests.tiers"]  # the slow / distributed / servers / vllm markers (make test-fast)
 
@@ -74,7 +74,7 @@ def compose(*overrides: str):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from harness.config import register_configs
+    from harness.launch.config import register_configs
 
     register_configs()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
@@ -83,18 +83,18 @@ def compose(*overrides: str):
 
 @pytest.fixture(scope="session")
 def tokenizer():
-    from harness.models import EMBEDDED_NAME, load_tokenizer
+    from harness.model.models import EMBEDDED_NAME, load_tokenizer
 
     return load_tokenizer(EMBEDDED_NAME)
 
 
 def tiny_llama(tokenizer, seed: int = 0, dtype: torch.dtype = torch.float32, **kw):
     """A 2-layer random Llama with the embedded tokenizer's vocabulary (eval mode off), in ``dtype``
-    (float64: computing in double end to end, :func:`harness.models.keep_float64`; the same
+    (float64: computing in double end to end, :func:`harness.model.models.keep_float64`; the same
     initial values as the float32 model, upcast)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from harness.models import keep_float64
+    from harness.model.models import keep_float64
 
     torch.manual_seed(seed)
     cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -118,11 +118,11 @@ def run_dir(tmp_path, monkeypatch):
 def run_job(*overrides: str, on_eval=None, on_step=None):
     """Compose and train; returns (final accuracy, MLflow run data, metric-history getter).
 
-    ``on_step`` receives each step's :class:`harness.trainer.StepRecord` (rewards, advantages)."""
+    ``on_step`` receives each step's :class:`harness.train.trainer.StepRecord` (rewards, advantages)."""
     import mlflow
     from mlflow.tracking import MlflowClient
 
-    from harness.run import train
+    from harness.launch.run import train
 
     cfg = compose(*QUICK, *overrides)
     acc = train(cfg, on_eval=on_eval, on_step=on_step)
@@ -143,7 +143,7 @@ def dense_rewards(monkeypatch):
     EOS direction in the tiny model's output layer so completions end at varied lengths: a random
     model never answers correctly, so without these every advantage would be 0 (see
     tests/knob_probe.py). Applied through the real train() path."""
-    import harness.run as run_mod
+    import harness.launch.run as run_mod
     from harness.tasks.base import Task
     from tests import knob_probe
 

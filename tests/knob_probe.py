@@ -6,7 +6,7 @@ configured steps with an in-memory tracker. It records what a knob can change:
 
 * ``rollout``: the token ids and masks of every training ``generate`` call, ``prompts`` their
   prompt strings; ``eval``: the prompts, completions and metrics of every evaluation;
-* ``rewards``, ``scores``, ``advantages``: per step, from :class:`harness.trainer.StepRecord`;
+* ``rewards``, ``scores``, ``advantages``: per step, from :class:`harness.train.trainer.StepRecord`;
 * ``loss``, ``grad_norm``, ``metrics``: the logged step metrics (times excluded);
 * ``weights``: the policy's parameters after the last step (in ``model.dtype``); ``opt_dtypes``
   the dtypes of AdamW's moments.
@@ -39,7 +39,7 @@ EOS_NORM, EOS_SEED = 6.5, 4  # measured: step lengths 3..6 of 6 tokens, 5 and 4 
 
 
 class MemoryTracker:
-    """The subset of :class:`harness.tracking.Tracker` the trainer calls, kept in memory."""
+    """The subset of :class:`harness.launch.tracking.Tracker` the trainer calls, kept in memory."""
 
     run_id = "probe"
 
@@ -108,8 +108,8 @@ def probe(*overrides, reward: str = "hash", eos: bool = True) -> dict:
         reward: ``hash`` or ``zero`` verdicts, or a function ``(completions, golds) -> verdicts``.
         eos: set the EOS direction (varied lengths); without it greedy decoding runs to the cap.
     """
-    from harness.run import build_components, prepare
-    from harness.trainer import Trainer
+    from harness.launch.run import build_components, prepare
+    from harness.train.trainer import Trainer
 
     threads = torch.get_num_threads()
     cfg = compose(*BASE, *overrides)
@@ -232,11 +232,11 @@ def adamw_noise_ok(a: torch.Tensor, b: torch.Tensor, lr: float, steps: int, rtol
 
 
 def probe_components(cfg):
-    """:func:`harness.run.build_components` for ``cfg`` with the probe's set-up: the EOS row of the LM
+    """:func:`harness.launch.run.build_components` for ``cfg`` with the probe's set-up: the EOS row of the LM
     head set so that completions end at varied lengths (``EOS_NORM``, ``EOS_SEED``) and the task scored by
     :func:`hash_verdicts`. Returns ``(task, tokenizer, policy, critic, backend)``; the caller has run
-    :func:`harness.run.prepare` (it sets the thread count, which the caller restores)."""
-    from harness.run import build_components
+    :func:`harness.launch.run.prepare` (it sets the thread count, which the caller restores)."""
+    from harness.launch.run import build_components
 
     task, tok, policy, critic, backend = build_components(cfg)
     head = policy.get_output_embeddings().weight

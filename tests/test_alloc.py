@@ -1,11 +1,11 @@
-"""glibc's allocator thresholds (harness/alloc.py)."""
+"""glibc's allocator thresholds (harness/runtime/alloc.py)."""
 
 import ctypes
 import ctypes.util
 
 import pytest
 
-from harness import alloc
+from harness.runtime import alloc
 
 
 def _glibc():

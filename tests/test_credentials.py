@@ -1,4 +1,4 @@
-"""harness.credentials: passwords in URLs and secret environment values never reach a record."""
+"""harness.launch.credentials: passwords in URLs and secret environment values never reach a record."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from harness import credentials as cr
+from harness.launch import credentials as cr
 
 
 def test_url_passwords_are_masked_and_remembered():

@@ -9,8 +9,8 @@ and fail, or crawl, on a GPU.
   on host data, e.g. :func:`harness.algo.algorithm.dry_run`).
 * A host sync (``.item()``, ``.tolist()``, ``.cpu()``, ``.numpy()``, ``float(...)``, ``int(...)``,
   ``bool(...)``, a copy ``.to(...)`` elsewhere than the model's device ``dev``) inside the
-  per-micro-batch loops of the update (:func:`harness.update.policy_pass`,
-  :func:`harness.update.batched_forward`) stalls the GPU once per micro-batch. Each one must carry a
+  per-micro-batch loops of the update (:func:`harness.train.update.policy_pass`,
+  :func:`harness.train.update.batched_forward`) stalls the GPU once per micro-batch. Each one must carry a
   ``# sync: <why>`` comment (on its line or the comment line above). The scan is lexical: calls made by functions the loop calls are not
   followed (e.g. the clip-cov policy loss's ``float(mask.sum())``).
 """
@@ -25,7 +25,7 @@ FACTORIES = {"zeros", "ones", "empty", "full", "arange", "linspace", "logspace",
              "rand", "randn", "randint", "randperm", "normal", "bernoulli", "empty_strided"}
 SYNC_METHODS = {"item", "tolist", "cpu", "numpy"}
 SYNC_BUILTINS = {"float", "int", "bool"}
-LOOPS = {"harness/update.py": ("policy_pass", "batched_forward")}
+LOOPS = {"harness/train/update.py": ("policy_pass", "batched_forward")}
 
 
 def _parents(tree):

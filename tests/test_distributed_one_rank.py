@@ -1,7 +1,7 @@
 """``torchrun --nproc_per_node=1``: one rank in a real process group (issue 46).
 
 Under torchrun the harness joins the process group even with one rank
-(:func:`harness.distributed.init`), so its collectives (the gradient all-reduce, the gathered rows
+(:func:`harness.train.distributed.init`), so its collectives (the gradient all-reduce, the gathered rows
 and counts, the broadcasts) and ``train.sharding=fsdp2`` (FSDP2 over a one-rank mesh) run as they do
 on many ranks; this is what one GPU can check of the NCCL path (``benchmarks/gpu_smoke.py``). On
 one rank a sum over ranks is the identity, so the job must equal ``python -m harness.run`` on the
@@ -16,8 +16,8 @@ import socket
 import pytest
 import torch
 
-from harness import distributed
-from harness.validate import ConfigError, validate
+from harness.train import distributed
+from harness.launch.validate import ConfigError, validate
 from tests.conftest import compose
 from tests.test_distributed import F64, _history, assert_same, launch, record, tiny_dir  # noqa: F401 (fixture)
 

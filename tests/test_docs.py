@@ -7,8 +7,8 @@ import dataclasses
 import re
 
 import mkdocs_hooks
-from harness import schema_docs
-from harness.config import group_schemas
+from harness.launch import schema_docs
+from harness.launch.config import group_schemas
 
 
 def test_the_docs_build_writes_the_reference_from_the_schemas(tmp_path, monkeypatch):

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from harness.validate import ConfigError, validate
+from harness.launch.validate import ConfigError, validate
 from tests.conftest import QUICK, compose
 
 
@@ -158,8 +158,8 @@ def test_jobs_of_different_configs_sharing_one_checkpoint_dir_are_refused(run_di
     config keys, and resume=<file> still continues from it on purpose."""
     import json
 
-    from harness.run import config_key
-    from harness.validate import ConfigError
+    from harness.launch.run import config_key
+    from harness.launch.validate import ConfigError
     from tests.conftest import QUICK, compose, run_job
 
     ck = run_dir / "shared-ck"

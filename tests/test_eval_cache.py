@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from benchmarks import study_cost
-from harness import eval_cache
+from harness.train import eval_cache
 from tests.conftest import compose, run_job
 
 # A random tiny model never answers nor stops: REINFORCE without a baseline plus the overlong
@@ -135,14 +135,14 @@ def test_arms_differing_in_a_loss_knob_share_prompts_and_step1_completions(run_d
 
 
 def test_process_age_counts_from_the_interpreter_start():
-    code = "import time; time.sleep(0.6); from harness.perf import process_age_s; print(process_age_s())"
+    code = "import time; time.sleep(0.6); from harness.runtime.perf import process_age_s; print(process_age_s())"
     age = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
     assert 0.6 <= age < 60
 
 
 def test_refused_under_data_parallel(run_dir, monkeypatch):
     """Under torchrun each rank scores a share of the eval: a stored whole eval cannot stand in for it."""
-    from harness import trainer
+    from harness.train import trainer
 
     class TwoRanks:
         is_main, distributed, world_size = True, True, 2

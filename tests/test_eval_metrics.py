@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.algo import maj_at_k, pass_at_k
-from harness.evaluation import evaluate, sampled_ks
+from harness.train.evaluation import evaluate, sampled_ks
 from harness.rollout.base import RolloutBatch
 from harness.verifiers.batch import Verdict
 

@@ -9,8 +9,8 @@ from tests.conftest import run_job
 
 
 def test_nonfinite_updates_are_skipped_then_the_run_stops_with_a_checkpoint(run_dir, monkeypatch):
-    import harness.trainer as trainer_mod
-    from harness.trainer import TrainingStopped
+    import harness.train.trainer as trainer_mod
+    from harness.train.trainer import TrainingStopped
 
     real = trainer_mod.policy_pass
     calls = {"n": 0}
@@ -32,7 +32,7 @@ def test_nonfinite_updates_are_skipped_then_the_run_stops_with_a_checkpoint(run_
 
 
 def test_skipped_update_leaves_weights_unchanged(run_dir, monkeypatch):
-    import harness.trainer as trainer_mod
+    import harness.train.trainer as trainer_mod
 
     real = trainer_mod.policy_pass
 
@@ -65,7 +65,7 @@ class _FlakyClient:
 def test_tracking_drop_mid_run_buffers_and_flushes(run_dir):
     import os
 
-    from harness.tracking import Tracker
+    from harness.launch.tracking import Tracker
 
     t = Tracker(os.environ["MLFLOW_TRACKING_URI"], "faults")
     t.start("flaky")

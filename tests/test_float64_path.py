@@ -4,10 +4,10 @@ The exactness tests of the suite (2 ranks = 1 process, resume, micro-batching, p
 compare float64 runs to 1e-10: they hold only if nothing inside the model rounds to float32.
 transformers 5.25 loads models with ``use_kernels=True`` and re-kernelizes them at every
 ``train()`` / ``eval()``, which rebound each RMSNorm's forward to the library's (input cast to
-float32) and undid :func:`harness.models.keep_float64`. A float32 rounding is the same for the
+float32) and undid :func:`harness.model.models.keep_float64`. A float32 rounding is the same for the
 same value, so a forward alone stays batch-invariant; it shows in the backward, where the rows
 of a batch (and the rows sharing a prompt) sum their gradients in another order than its halves
-do. So these tests load the model as a run does (:func:`harness.models.load_causal_lm`, then
+do. So these tests load the model as a run does (:func:`harness.model.models.load_causal_lm`, then
 ``train()``), and check
 
 * the norms against the float64 formula (a cast to float32 is ~1e-8 off, float64 ~1e-16);
@@ -22,8 +22,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.logprobs import token_logprobs
-from harness.models import keep_float64, load_causal_lm
+from harness.model.logprobs import token_logprobs
+from harness.model.models import keep_float64, load_causal_lm
 from tests.conftest import tiny_llama
 
 U, G, TP, TC = 4, 4, 23, 9  # 4 prompts x 4 completions: every prompt repeats (prefix sharing applies)

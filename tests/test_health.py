@@ -3,7 +3,7 @@ and an MLflow tag on the run."""
 
 import logging
 
-from harness.health import HealthMonitor
+from harness.runtime.health import HealthMonitor
 from tests.conftest import run_job
 
 
@@ -31,7 +31,7 @@ def test_warnings_are_rate_limited_and_count_the_steps():
 
 def test_a_truncated_run_warns_once_and_tags_the_mlflow_run(run_dir, caplog):
     """The tiny random model never emits EOS: every completion is truncated at 12 tokens."""
-    with caplog.at_level(logging.WARNING, logger="harness.trainer"):
+    with caplog.at_level(logging.WARNING, logger="harness.train.trainer"):
         _, run, history = run_job("train.steps=3")
     assert [v for _, v in history("train/clipped_ratio")] == [1.0, 1.0, 1.0]
     msgs = [r.getMessage() for r in caplog.records if "train/clipped_ratio" in r.getMessage()]

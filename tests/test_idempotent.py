@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.trainer import TIMED_METRICS
+from harness.train.trainer import TIMED_METRICS
 
 ARGS = ["model=tiny", "task=arith", "train.prompts_per_step=2", "group_size=4", "rollout.max_new_tokens=10",
         "eval.size=4", "eval.every=2", "checkpoint.every=1", "rollout.progress=false", "train.threads=1",
@@ -183,8 +183,8 @@ def test_a_job_already_running_in_its_folder_is_refused(run_dir):
     """Two processes never train one job at once (the same command started twice, or a concurrent
     multirun over train.steps alone): the second stops naming checkpoint.dir and the holder's pid;
     once the lock is released the job trains."""
-    from harness.run import job_lock
-    from harness.validate import ConfigError
+    from harness.launch.run import job_lock
+    from harness.launch.validate import ConfigError
     from tests.conftest import run_job
 
     busy = run_dir / "busy"
@@ -201,7 +201,7 @@ def test_train_steps_below_an_unfinished_checkpoint_is_refused(run_dir):
     """A job killed after its step-1 checkpoint (here: its final checkpoint removed), rerun with
     train.steps=1: the job is never truncated nor marked finished early; the error names the key
     and the step reached. The same command with train.steps=2 then finishes it in its run."""
-    from harness.validate import ConfigError
+    from harness.launch.validate import ConfigError
     from tests.conftest import run_job
 
     ck = run_dir / "ck"

@@ -27,8 +27,8 @@ def test_keep_final_leaves_what_it_says_and_a_marker_still_reports(run_dir, caps
     from mlflow.tracking import MlflowClient
     from safetensors.torch import load_file
 
-    from harness.models import load_causal_lm
-    from harness.validate import ConfigError
+    from harness.model.models import load_causal_lm
+    from harness.launch.validate import ConfigError
     from tests.conftest import run_job
 
     runs, sizes = {}, {}
@@ -91,7 +91,7 @@ def test_keep_final_leaves_what_it_says_and_a_marker_still_reports(run_dir, caps
 
 
 def test_keep_final_takes_only_its_values():
-    from harness.validate import ConfigError, validate
+    from harness.launch.validate import ConfigError, validate
     from tests.conftest import QUICK, compose
 
     with pytest.raises(ConfigError, match=r"checkpoint.keep_final='optimizer' is not valid; expected one of "

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.trainer import TIMED_METRICS
+from harness.train.trainer import TIMED_METRICS
 
 ARGS = ["model=tiny", "task=arith", "train.steps=4", "train.prompts_per_step=2", "group_size=4",
         "rollout.max_new_tokens=10", "eval.size=4", "eval.every=2", "checkpoint.every=1",
@@ -166,7 +166,7 @@ def test_random_kills_leave_one_run_with_every_metric_once(reference, tmp_path):
 
 def test_adopting_a_run_created_before_its_id_was_recorded(tmp_path):
     """A kill between creating the MLflow run and writing its id: the record's token finds it."""
-    from harness.tracking import Tracker, _write_record
+    from harness.launch.tracking import Tracker, _write_record
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     record = tmp_path / "ckpt" / "run.json"
@@ -184,7 +184,7 @@ def test_adopting_a_run_created_before_its_id_was_recorded(tmp_path):
 
 
 def test_a_finished_run_is_never_adopted_and_a_left_over_running_run_is_closed(tmp_path):
-    from harness.tracking import Tracker
+    from harness.launch.tracking import Tracker
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     record = tmp_path / "run.json"
@@ -207,7 +207,7 @@ def test_a_new_sqlite_store_appears_whole(tmp_path):
     """A kill during MLflow's schema migrations of a brand-new sqlite store must not leave a
     half-built store (seen in a 30-kill run: the rerun failed on '_alembic_tmp_model_versions
     already exists'): the store is built in a temporary file and renamed into place."""
-    from harness.tracking import Tracker
+    from harness.launch.tracking import Tracker
 
     db = tmp_path / "mlflow.db"
     (tmp_path / ".mlflow.db.init-99999").write_bytes(b"half a migration")  # a killed attempt's leftover

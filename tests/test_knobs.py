@@ -1,7 +1,7 @@
 """Every leaf key of the config schema does what it says (issue: "the knob a researcher sets is
 the knob that ran").
 
-The schema's leaf keys are enumerated from the dataclasses (``harness.config`` and the params
+The schema's leaf keys are enumerated from the dataclasses (``harness.launch.config`` and the params
 dataclasses of the registered estimators and loss aggregations), and each one must have a row in
 :data:`KNOBS`, in one of these classes:
 
@@ -33,7 +33,7 @@ import torch
 from hydra.errors import HydraException
 
 from harness.tasks import TASKS
-from harness.validate import ConfigError, validate
+from harness.launch.validate import ConfigError, validate
 from tests.conftest import compose
 from tests.knob_probe import BASE, adamw_noise_ok, diff, metric, probe, same
 
@@ -348,7 +348,7 @@ KNOBS = {
 def schema_leaf_keys() -> list[str]:
     """Every leaf key: ``a.b`` for the run schema, ``group`` for a group choice and
     ``group/option.field`` for the fields of each group option's dataclass."""
-    from harness.config import Config, ModelConfig, group_schemas
+    from harness.launch.config import Config, ModelConfig, group_schemas
 
     groups = group_schemas()
 
@@ -526,8 +526,8 @@ def _data(task: str) -> Path:
 
 
 def check_max_bad_steps(key, tmp_path, monkeypatch):
-    import harness.trainer as trainer_mod
-    from harness.trainer import TrainingStopped
+    import harness.train.trainer as trainer_mod
+    from harness.train.trainer import TrainingStopped
 
     real = trainer_mod.policy_pass
 
@@ -546,8 +546,8 @@ def check_sharding(key, tmp_path, monkeypatch):
     (vLLM), naming the key; under torchrun it shards (perf/param_shard_frac ~ 0.5 on 2 ranks) and
     equals the unsharded run: tests/test_distributed.py::test_fsdp2_*, and on one rank
     tests/test_distributed_one_rank.py."""
-    from harness.distributed import TORCHRUN_ENV
-    from harness.validate import ConfigError, validate
+    from harness.train.distributed import TORCHRUN_ENV
+    from harness.launch.validate import ConfigError, validate
     from tests.conftest import compose
 
     for k in TORCHRUN_ENV:
@@ -567,8 +567,8 @@ def check_model_device(key, tmp_path, monkeypatch):
     """model.device: auto resolves to cpu here and to cuda:<LOCAL_RANK> where CUDA is visible;
     cuda on this machine (no GPU) is refused naming the key; the run records where it trained
     (tag ``device``). The GPU path itself is not run here (no GPU in CI)."""
-    import harness.distributed as dist
-    from harness.validate import ConfigError, validate
+    import harness.train.distributed as dist
+    from harness.launch.validate import ConfigError, validate
     from tests.conftest import compose, run_job
 
     assert dist.train_device("auto") == torch.device("cpu") == dist.train_device("cpu")
@@ -590,7 +590,7 @@ def check_model_device(key, tmp_path, monkeypatch):
 def check_model_presets(key, tmp_path, monkeypatch):
     """Each conf/model preset composes, sets model.* keys away from the schema defaults (each of
     those keys has its own row above), and nothing else."""
-    from harness.config import ModelConfig
+    from harness.launch.config import ModelConfig
     from tests.conftest import CONF, compose
 
     defaults = dataclasses.asdict(ModelConfig())
@@ -605,7 +605,7 @@ def check_model_presets(key, tmp_path, monkeypatch):
 
 def check_model_name_or_path(key, tmp_path, monkeypatch):
     """Two local model folders (tiny random Llamas of different seeds): the weights loaded differ."""
-    from harness.models import EMBEDDED_NAME, load_tokenizer
+    from harness.model.models import EMBEDDED_NAME, load_tokenizer
     from tests.conftest import tiny_llama
 
     tok = load_tokenizer(EMBEDDED_NAME)
@@ -731,12 +731,12 @@ def _vllm_backend(*overrides):
     from tests import test_vllm  # noqa: F401  (skips this test when vLLM is missing)
     from tests.conftest import compose
 
-    from harness.run import build_components
+    from harness.launch.run import build_components
 
     cfg = compose("model=tiny", "task=arith", "rollout=vllm", "rollout.progress=false", "rollout.kv_cache_gib=1",
                   "rollout.max_model_len=256", "model.tiny_config.hidden_size=128",
                   "model.tiny_config.num_attention_heads=2", "model.tiny_config.num_key_value_heads=1", *overrides)
-    from harness.validate import validate
+    from harness.launch.validate import validate
 
     validate(cfg)
     task, tok, policy, critic, backend = build_components(cfg)
@@ -826,8 +826,8 @@ def check_vllm_staleness(key, tmp_path, monkeypatch):
     loaded with the initial weights, and not what it samples with the weights after step 1."""
     import copy
 
-    from harness.run import build_components
-    from harness.trainer import Trainer
+    from harness.launch.run import build_components
+    from harness.train.trainer import Trainer
     from tests import test_vllm  # noqa: F401  (skips this test when vLLM is missing)
     from tests.knob_probe import MemoryTracker
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from harness.algo import build_algorithm, compute_advantages
-from harness.logprobs import token_logprobs
+from harness.model.logprobs import token_logprobs
 from harness.rollout import SamplingParams, build_backend
-from harness.update import TrainBatch, policy_pass
+from harness.train.update import TrainBatch, policy_pass
 from tests.conftest import compose, tiny_llama
 
 

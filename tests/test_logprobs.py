@@ -8,7 +8,7 @@ rounding noise (1e-5).
 import pytest
 import torch
 
-from harness.logprobs import build_inputs, token_logprobs
+from harness.model.logprobs import build_inputs, token_logprobs
 from harness.rollout.hf import completion_mask_from_ids
 from tests.conftest import tiny_llama
 
@@ -106,7 +106,7 @@ def test_fused_head_equals_unfused_autograd_values_and_gradients(with_entropy, b
     two sides differ only in summation order (~1e-16). Gradients of the hidden states, the head
     weight and its bias are all compared.
     """
-    from harness.logprobs import LinearLogSoftmaxGather, _chunk_logprobs
+    from harness.model.logprobs import LinearLogSoftmaxGather, _chunk_logprobs
 
     g = torch.Generator().manual_seed(0)
     B, c, H, V, T = 3, 5, 16, 50, 0.7
@@ -136,7 +136,7 @@ def test_fused_head_equals_unfused_autograd_values_and_gradients(with_entropy, b
 
 def test_fused_head_frozen_weight_gets_no_gradient():
     """A frozen head (LoRA trains adapters only) gets no gradient; the hidden states still do."""
-    from harness.logprobs import LinearLogSoftmaxGather, _chunk_logprobs
+    from harness.model.logprobs import LinearLogSoftmaxGather, _chunk_logprobs
 
     g = torch.Generator().manual_seed(1)
     hidden = torch.randn(2, 4, 8, generator=g, dtype=torch.float64)

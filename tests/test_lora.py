@@ -1,4 +1,4 @@
-"""LoRA (``lora=peft``, :mod:`harness.lora`): the reference is the base model with the adapters off,
+"""LoRA (``lora=peft``, :mod:`harness.model.lora`): the reference is the base model with the adapters off,
 the policy starts equal to it, only the adapters train, the merged weights are ``W + (alpha / r) B A``
 in the base model's names, checkpoints hold the adapters only, and every run logs
 ``perf/trainable_param_frac``. Exactness in float64 (``model.dtype=float64``) to 1e-10.
@@ -12,9 +12,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from harness.logprobs import token_logprobs
-from harness.lora import LoraConfig, PeftLora, base_state_dict, build_adapters, trainable_fraction
-from harness.validate import ConfigError, validate
+from harness.model.logprobs import token_logprobs
+from harness.model.lora import LoraConfig, PeftLora, base_state_dict, build_adapters, trainable_fraction
+from harness.launch.validate import ConfigError, validate
 from tests.conftest import QUICK, compose, tiny_llama
 from tests.knob_probe import metric, probe
 
@@ -129,8 +129,8 @@ def test_lora_run_trains_only_the_adapters():
 
 
 def test_lora_checkpoint_holds_adapters_and_their_optimizer_state(tmp_path):
-    from harness.run import build_components, prepare
-    from harness.trainer import Trainer
+    from harness.launch.run import build_components, prepare
+    from harness.train.trainer import Trainer
     from tests.knob_probe import MemoryTracker
 
     cfg = compose(*QUICK, "lora=peft", "lora.r=2", "train.steps=1", "eval.every=0", "eval.size=1", "train.lr=1e-2",
@@ -162,7 +162,7 @@ def test_lora_checkpoint_holds_adapters_and_their_optimizer_state(tmp_path):
 
 
 def test_ppo_critic_trains_adapters_and_value_head():
-    from harness.run import build_components, prepare
+    from harness.launch.run import build_components, prepare
 
     cfg = compose(*QUICK, "lora=peft", "advantage=ppo")
     prepare(cfg)
@@ -201,7 +201,7 @@ def test_fsdp2_with_lora_is_refused(monkeypatch):
 def test_provenance_records_the_base_digest_and_the_adapter(tokenizer):
     """model.weights_sha256 of a LoRA policy is its base weights' digest (the full fine-tuning run's),
     model.adapter the lora config and model.adapter_sha256 the adapters' initial tensors."""
-    from harness import provenance
+    from harness.runtime import provenance
 
     cfg = compose(*QUICK, "lora=peft", "lora.r=2")
     base = tiny_llama(tokenizer)
@@ -215,7 +215,7 @@ def test_provenance_records_the_base_digest_and_the_adapter(tokenizer):
 
 def test_gradient_checkpointing_gives_the_adapters_the_same_gradients(tokenizer):
     """model.gradient_checkpointing=true with frozen embeddings: the adapters still get gradients
-    (harness.lora enables input gradients), the same as without checkpointing (float64)."""
+    (harness.model.lora enables input gradients), the same as without checkpointing (float64)."""
     grads = []
     for checkpointing in (False, True):
         model = tiny_llama(tokenizer, dtype=torch.float64)

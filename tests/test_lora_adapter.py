@@ -1,5 +1,5 @@
 """What a finished LoRA run keeps (``checkpoint.keep_final``) and starting a run from it
-(``lora.adapter_path``), :mod:`harness.lora`.
+(``lora.adapter_path``), :mod:`harness.model.lora`.
 
 ``keep_final=weights`` (the default) keeps peft's adapter folder: loaded back with
 ``peft.PeftModel.from_pretrained`` onto the base it gives the trained policy's log-probs
@@ -17,12 +17,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from harness.logprobs import token_logprobs
-from harness.lora import ADAPTER_CONFIG, BASE_RECORD, base_state_dict
-from harness.models import ModelLoadError, keep_float64
-from harness.run import build_components, prepare
-from harness.trainer import Trainer
-from harness.validate import ConfigError, validate
+from harness.model.logprobs import token_logprobs
+from harness.model.lora import ADAPTER_CONFIG, BASE_RECORD, base_state_dict
+from harness.model.models import ModelLoadError, keep_float64
+from harness.launch.run import build_components, prepare
+from harness.train.trainer import Trainer
+from harness.launch.validate import ConfigError, validate
 from tests.conftest import QUICK, compose
 from tests.knob_probe import MemoryTracker
 

@@ -1,4 +1,4 @@
-"""Overlapped stale rollouts (``rollout.overlap=true``, :mod:`harness.overlap`).
+"""Overlapped stale rollouts (``rollout.overlap=true``, :mod:`harness.train.overlap`).
 
 * overlap=true equals overlap=false at staleness 1 and 2 (and with DAPO's resampling filter, LoRA,
   a tool's episodes), same seeds, float64 tiny model: every step's rollouts exactly, every logged metric, the final weights
@@ -18,8 +18,8 @@ import threading
 import pytest
 import torch
 
-from harness.staleness import LaggedPolicy
-from harness.validate import ConfigError, validate
+from harness.train.staleness import LaggedPolicy
+from harness.launch.validate import ConfigError, validate
 from tests.conftest import compose
 from tests.knob_probe import BASE
 
@@ -51,8 +51,8 @@ class _Recorder:
 def _run(*overrides, gate=None, on_update=None):
     """A tiny float64 run (the knob probe's set-up); returns (recorded training calls, metrics by
     step, the final weights, the trainer). ``on_update(trainer)`` runs as each update starts."""
-    from harness.run import prepare
-    from harness.trainer import Trainer
+    from harness.launch.run import prepare
+    from harness.train.trainer import Trainer
     from tests.knob_probe import MemoryTracker, probe_components
 
     cfg = compose(*BASE, F64, *overrides)

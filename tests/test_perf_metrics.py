@@ -1,13 +1,13 @@
 """Throughput metrics named as xtuner names them (issue 28): ``perf/rollout_tgs``,
 ``perf/training_tgs``, ``perf/effective_tgs`` and the weight-sync share of the step
-(:func:`harness.step_metrics.throughput`), against hand values and against the token counts of real
+(:func:`harness.train.step_metrics.throughput`), against hand values and against the token counts of real
 steps."""
 
 from __future__ import annotations
 
 import pytest
 
-from harness.step_metrics import throughput
+from harness.train.step_metrics import throughput
 from tests.conftest import run_job
 
 

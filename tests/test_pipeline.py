@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from harness import alloc
+from harness.runtime import alloc
 from tests.conftest import run_job
 
 REQUIRED_METRICS = [

@@ -10,7 +10,7 @@ from tests.conftest import compose, run_job
 
 
 def _batch(tokenizer, B=4, Tp=5, Tc=6, seed=0):
-    from harness.update import TrainBatch
+    from harness.train.update import TrainBatch
 
     g = torch.Generator().manual_seed(seed)
     p = torch.randint(3, len(tokenizer) - 1, (B, Tp), generator=g)
@@ -23,7 +23,7 @@ def _batch(tokenizer, B=4, Tp=5, Tc=6, seed=0):
 
 def _matmul_dtypes(model, cfg, batch):
     from harness.algo import build_algorithm
-    from harness.update import policy_pass
+    from harness.train.update import policy_pass
 
     seen = []
     hooks = [m.register_forward_hook(lambda mod, i, o: seen.append(o.dtype))
@@ -60,8 +60,8 @@ def test_bf16_autocast_runs_linears_in_bf16_with_fp32_master_weights_and_loss(to
 
 
 def test_logprobs_stay_fp32_under_autocast(tokenizer):
-    from harness.logprobs import token_logprobs
-    from harness.precision import autocast
+    from harness.model.logprobs import token_logprobs
+    from harness.model.precision import autocast
     from tests.conftest import tiny_llama
 
     model = tiny_llama(tokenizer)
@@ -72,7 +72,7 @@ def test_logprobs_stay_fp32_under_autocast(tokenizer):
 
 
 def test_auto_chooses_by_the_measurement():
-    from harness import precision
+    from harness.model import precision
 
     assert precision.choose({"fp32_gflops": 100.0, "bf16_gflops": 400.0, "speedup": 4.0}) == "bf16-autocast"
     assert precision.LAST_PROBE["chosen"] == "bf16-autocast"
@@ -81,7 +81,7 @@ def test_auto_chooses_by_the_measurement():
 
 
 def test_probe_measures_both_paths():
-    from harness import precision
+    from harness.model import precision
 
     f = precision.probe(tokens=32, hidden=64, inner=128, min_seconds=0.02)
     assert f["fp32_gflops"] > 0 and f["bf16_gflops"] > 0
@@ -90,7 +90,7 @@ def test_probe_measures_both_paths():
 
 @pytest.mark.parametrize("measured,expected", [(4.0, "bf16-autocast"), (0.01, "fp32")])
 def test_auto_is_resolved_into_the_record(run_dir, monkeypatch, measured, expected):
-    from harness import precision
+    from harness.model import precision
 
     monkeypatch.setattr(precision, "probe", lambda **kw: {"fp32_gflops": 10.0, "bf16_gflops": 10.0 * measured,
                                                          "speedup": measured})
@@ -101,7 +101,7 @@ def test_auto_is_resolved_into_the_record(run_dir, monkeypatch, measured, expect
 
 
 def test_mixed_precision_needs_fp32_master_weights():
-    from harness.validate import ConfigError, validate
+    from harness.launch.validate import ConfigError, validate
 
     with pytest.raises(ConfigError, match="train.precision=bf16-autocast with model.dtype=bfloat16"):
         validate(compose("model=tiny", "train.precision=bf16-autocast", "model.dtype=bfloat16"))
@@ -112,7 +112,7 @@ def test_mixed_precision_needs_fp32_master_weights():
 def test_float64_is_accepted_with_hf_and_refused_with_vllm():
     """model.dtype=float64 (double end to end, for exactness checks) runs on the hf backend; vLLM
     has no float64 kernels, so startup refuses it naming both keys."""
-    from harness.validate import ConfigError, validate
+    from harness.launch.validate import ConfigError, validate
 
     validate(compose("model=tiny", "model.dtype=float64"))
     with pytest.raises(ConfigError, match="model.dtype=float64 with rollout=vllm"):

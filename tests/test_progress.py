@@ -71,9 +71,9 @@ def test_job_prefix_marks_every_line_then_restores_the_formatters():
     before = handler.formatter
     try:
         with progress.job_prefix("trial 3"):
-            logging.getLogger("harness.trainer").warning("step 1/2 reward 0.250")
+            logging.getLogger("harness.train.trainer").warning("step 1/2 reward 0.250")
             assert progress.prefixed("== summary ==\nMLflow run : x") == "[trial 3] == summary ==\n[trial 3] MLflow run : x"
-        logging.getLogger("harness.trainer").warning("after")
+        logging.getLogger("harness.train.trainer").warning("after")
         assert progress.prefixed("a\nb") == "a\nb"
     finally:
         root.removeHandler(handler)

@@ -8,7 +8,7 @@ import logging
 import pytest
 import torch
 
-from harness.trainer import TIMED_METRICS
+from harness.train.trainer import TIMED_METRICS
 from tests.conftest import QUICK, run_job
 
 NOT_REPRODUCIBLE = TIMED_METRICS
@@ -23,7 +23,7 @@ def _histories(client, run_id) -> dict:
 def test_run_records_provenance_standard_tags_datasets_and_a_readable_name(run_dir, dense_rewards):
     from mlflow.tracking import MlflowClient
 
-    from harness import provenance
+    from harness.runtime import provenance
 
     _, run, _ = run_job("seed=3")
     p, tags = run.data.params, run.data.tags
@@ -81,7 +81,7 @@ def test_data_file_hash_is_the_file_sha256(tmp_path):
 
 
 def test_cpu_fields_come_from_the_first_processor_of_cpuinfo(tmp_path, monkeypatch):
-    from harness import provenance
+    from harness.runtime import provenance
 
     # two processors as Linux lists them; a VM that names its Zen 4 only "AMD EPYC"
     info = tmp_path / "cpuinfo"
@@ -103,7 +103,7 @@ def test_cpu_fields_come_from_the_first_processor_of_cpuinfo(tmp_path, monkeypat
 
 
 def test_weights_hash_sees_a_one_ulp_change(tokenizer):
-    from harness import provenance
+    from harness.runtime import provenance
     from tests.conftest import tiny_llama
 
     m = tiny_llama(tokenizer)
@@ -118,7 +118,7 @@ def test_weights_hash_sees_a_one_ulp_change(tokenizer):
 def test_rerun_from_the_record_repeats_the_metric_history(run_dir, dense_rewards):
     from mlflow.tracking import MlflowClient
 
-    from harness.rerun import rerun
+    from harness.launch.rerun import rerun
 
     _, run, _ = run_job("seed=1", "train.steps=3", "advantage=rloo", "beta=0.05")
     rerun(run.info.run_id)
@@ -137,8 +137,8 @@ def test_rerun_from_the_record_repeats_the_metric_history(run_dir, dense_rewards
 def test_rerun_with_an_override_and_a_changed_environment_warns(run_dir, dense_rewards, monkeypatch, caplog):
     from mlflow.tracking import MlflowClient
 
-    from harness import provenance
-    from harness.rerun import rerun
+    from harness.runtime import provenance
+    from harness.launch.rerun import rerun
 
     _, run, _ = run_job("train.steps=1")
     real = provenance.versions
@@ -159,7 +159,7 @@ def test_rerun_of_a_lora_run_repeats_it_and_records_the_adapter(run_dir, dense_r
     (config from the record) repeats the metric history with no provenance difference."""
     from mlflow.tracking import MlflowClient
 
-    from harness.rerun import rerun
+    from harness.launch.rerun import rerun
 
     _, run, _ = run_job("lora=peft", "lora.r=2", "lora.target_modules=[q_proj,v_proj]", "beta=0.05", "train.lr=1e-2")
     full = run_job("beta=0.05")[1]
@@ -179,7 +179,7 @@ def test_rerun_of_a_lora_run_repeats_it_and_records_the_adapter(run_dir, dense_r
 def test_rerun_of_a_record_from_before_lora_existed_is_full_fine_tuning():
     from omegaconf import OmegaConf
 
-    from harness.rerun import rebuild_config
+    from harness.launch.rerun import rebuild_config
     from tests.conftest import compose
 
     resolved = OmegaConf.to_container(compose(*QUICK), resolve=True)
@@ -189,13 +189,13 @@ def test_rerun_of_a_record_from_before_lora_existed_is_full_fine_tuning():
 
 
 def test_rerun_errors_name_the_input(run_dir):
-    from harness.rerun import main
+    from harness.launch.rerun import main
 
     assert main(["0123456789abcdef"]) == 2
 
 
 def test_rerun_rejects_an_unknown_override(run_dir, dense_rewards):
-    from harness.rerun import RerunError, rerun
+    from harness.launch.rerun import RerunError, rerun
 
     _, run, _ = run_job("train.steps=1")
     with pytest.raises(RerunError, match="no_such_key"):
@@ -230,7 +230,7 @@ def test_rerun_from_a_moved_store_into_another(run_dir, dense_rewards, monkeypat
 
     from mlflow.tracking import MlflowClient
 
-    from harness.rerun import main
+    from harness.launch.rerun import main
 
     _, run, _ = run_job("train.steps=1")
     src = os.environ["MLFLOW_TRACKING_URI"][len("sqlite:///"):]
@@ -249,7 +249,7 @@ def test_rerun_from_a_moved_store_into_another(run_dir, dense_rewards, monkeypat
 def test_torch_version_names_its_build_where_the_wheel_metadata_does_not(monkeypatch):
     """PyPI's Linux torch 2.13.0 wheel says ``2.13.0`` in its metadata and ``2.13.0+cu130`` in
     ``torch.__version__``; provenance keeps the build (seen on a fresh machine, 2026-12-05)."""
-    from harness import provenance
+    from harness.runtime import provenance
 
     real = provenance.importlib.metadata.version
     monkeypatch.setattr(provenance.importlib.metadata, "version",

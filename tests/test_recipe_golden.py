@@ -16,8 +16,8 @@ import torch
 
 from harness.algo import AdvantageContext, build_algorithm
 from harness.algo.aggregation import aggregation_normalizers
-from harness.rewards import shape_rewards
-from harness.update import aggregate, token_objective
+from harness.train.rewards import shape_rewards
+from harness.train.update import aggregate, token_objective
 from tests.conftest import compose
 
 G = 4

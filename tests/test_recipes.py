@@ -15,8 +15,8 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from harness.config import register_configs
-from harness.validate import validate
+from harness.launch.config import register_configs
+from harness.launch.validate import validate
 
 CONF_DIR = str((Path(__file__).resolve().parent.parent / "conf").resolve())
 RECIPES = sorted(p.stem for p in (Path(CONF_DIR) / "recipe").glob("*.yaml"))

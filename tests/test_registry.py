@@ -12,7 +12,7 @@ import pytest
 from hydra import initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
-from harness.config import GROUPS, group_schemas, register_configs
+from harness.launch.config import GROUPS, group_schemas, register_configs
 from harness.registry import Entry, Registry, import_package_modules
 from harness.rollout import BACKENDS, RolloutConfig
 from harness.tasks import TASKS, TaskConfig

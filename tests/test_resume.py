@@ -32,15 +32,15 @@ DETERMINISTIC = ["train/reward_mean", "train/loss", "train/grad_norm", "train/kl
                  "train/completion_len_mean", "eval/accuracy", "eval/completion_len_mean", "rollout/logprob_diff_mean"]
 
 
-# a stale run (harness.staleness): the checkpoint holds the behaviour weights and the pending
+# a stale run (harness.train.staleness): the checkpoint holds the behaviour weights and the pending
 # versions; with k=2 a kill after step 1 or 2 resumes on the initial weights, after 3 on version 1
 STALE = ("rollout.staleness=2", "offpolicy=decoupled", "offpolicy.cap=null")
-# overlapped (harness.overlap): the killed run had the next step's batch in flight; the resumed one
+# overlapped (harness.train.overlap): the killed run had the next step's batch in flight; the resumed one
 # collects its first step again from the checkpoint's data position and behaviour weights
 OVERLAP = (*STALE, "rollout.overlap=true")
 
 
-# lora: the checkpoint holds the adapters and their optimizer state only (harness.lora)
+# lora: the checkpoint holds the adapters and their optimizer state only (harness.model.lora)
 LORA = ("lora=peft", "lora.r=4", "checkpoint.keep_final=full")
 
 

@@ -57,7 +57,7 @@ def test_mismatch_stats_by_hand():
 def test_hf_sampler_logprobs_are_the_trainers(tokenizer, seed):
     """The hf backend's recorded log-prob of each sampled token = log_softmax(logits / T) of a full
     forward, seeded (Gumbel-max) or not (transformers' sampler)."""
-    from harness.logprobs import token_logprobs
+    from harness.model.logprobs import token_logprobs
     from harness.rollout import SamplingParams, build_backend
 
     model = tiny_llama(tokenizer, seed=2)

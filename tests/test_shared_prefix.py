@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from harness.algo import build_algorithm
-from harness.critic import ValueModel
-from harness.kv import prompt_groups
-from harness.logprobs import token_logprobs
-from harness.update import TrainBatch, batched_logprobs, length_order, padding_waste, policy_pass
+from harness.train.critic import ValueModel
+from harness.model.kv import prompt_groups
+from harness.model.logprobs import token_logprobs
+from harness.train.update import TrainBatch, batched_logprobs, length_order, padding_waste, policy_pass
 from tests.conftest import compose, tiny_llama
 
 
@@ -130,7 +130,7 @@ def test_group_order_keeps_prompts_together_and_waste_counts_each_prompt_once(to
 
 
 def test_no_repeats_falls_back_to_plain_forward(tokenizer, monkeypatch):
-    import harness.logprobs as lp
+    import harness.model.logprobs as lp
 
     p_ids, p_mask, c_ids, c_mask, _ = _grouped(tokenizer, U=4, G=1)
     called = []
@@ -146,7 +146,7 @@ def test_trainer_metrics_match_with_and_without_share_prefix(run_dir, monkeypatc
     """Same seed, same rollout: the step's losses, KL and values agree whether prompts are shared.
     float64 to 1e-10; float32 to 1e-3, step 2 coming after an AdamW step that turns float32
     rounding of near-zero gradients into lr-sized steps (tests/knob_probe.adamw_noise_ok)."""
-    import harness.logprobs as lp
+    import harness.model.logprobs as lp
     from tests.conftest import run_job
 
     calls = []

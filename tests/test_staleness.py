@@ -1,4 +1,4 @@
-"""Stale rollouts (``rollout.staleness=k``, :mod:`harness.staleness`) and the objective under
+"""Stale rollouts (``rollout.staleness=k``, :mod:`harness.train.staleness`) and the objective under
 staleness (``offpolicy=``, :mod:`harness.algo.offpolicy`).
 
 * ``staleness=0`` is today's on-policy run, to 1e-10 in float64 (the values below were measured
@@ -19,9 +19,9 @@ import torch
 
 from harness.algo import OFFPOLICY_OBJECTIVES, build_algorithm
 from harness.rollout import build_backend
-from harness.staleness import LaggedPolicy
-from harness.update import token_objective
-from harness.validate import ConfigError, validate
+from harness.train.staleness import LaggedPolicy
+from harness.train.update import token_objective
+from harness.launch.validate import ConfigError, validate
 from tests.conftest import compose
 from tests.knob_probe import BASE, metric, probe
 
@@ -76,8 +76,8 @@ class _Recorder:
 def _stale_run(*overrides):
     """A tiny float64 run (the probe's set-up); returns (cfg, tokenizer, policy, recorded training
     calls, the policy's state dict after each step (version 0 first), metrics by step, step records)."""
-    from harness.run import prepare
-    from harness.trainer import Trainer
+    from harness.launch.run import prepare
+    from harness.train.trainer import Trainer
     from tests.knob_probe import MemoryTracker, probe_components
 
     cfg = compose(*BASE, F64, *overrides)
@@ -239,7 +239,7 @@ def test_refused(overrides, needle, monkeypatch):
 def test_stale_run_samples_with_the_lagged_module_and_evaluates_the_policy():
     """The hf backend generates with the behaviour module during training and with the policy
     during evaluation (eval measures the trained weights)."""
-    from harness.trainer import Trainer
+    from harness.train.trainer import Trainer
     from tests.knob_probe import MemoryTracker
 
     seen = []
@@ -256,7 +256,7 @@ def test_stale_run_samples_with_the_lagged_module_and_evaluates_the_policy():
             raise StopIteration
 
     cfg = compose(*BASE, F64, "rollout.staleness=1")
-    from harness.run import build_components, prepare
+    from harness.launch.run import build_components, prepare
     prepare(cfg)
     task, tok, policy, critic, _ = build_components(cfg)
     trainer = Trainer(cfg, task, tok, policy, Spy(), MemoryTracker(), critic=critic)

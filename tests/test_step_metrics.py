@@ -1,4 +1,4 @@
-"""A step's metrics (:mod:`harness.step_metrics`) against hand values, one process. That the
+"""A step's metrics (:mod:`harness.train.step_metrics`) against hand values, one process. That the
 two-rank metrics equal the one-process ones is tests/test_distributed.py's."""
 
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.distributed import World
-from harness.rewards import RewardOutput
+from harness.train.distributed import World
+from harness.train.rewards import RewardOutput
 from harness.rollout import RolloutBatch
-from harness.step_metrics import STEP_TIMES, StepOutputs, step_metrics
+from harness.train.step_metrics import STEP_TIMES, StepOutputs, step_metrics
 
 TIMES = dict(zip(STEP_TIMES, (1.0, 0.5, 0.3, 0.2, 2.0, 5.0, 0.5)))
 INFO = {"train/groups_kept": 2, "time/rollout_s": 1.5, "time/reward_s": 0.5, "train/prompts_sampled": 2,

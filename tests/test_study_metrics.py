@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from harness.algo import POLICY_LOSSES
-from harness.evaluation import completion_len_by_outcome
+from harness.train.evaluation import completion_len_by_outcome
 from tests.conftest import run_job
 
 
@@ -116,7 +116,7 @@ def test_entropy_is_the_first_pass_of_each_step_with_mu_2(run_dir, monkeypatch):
     """With mu=2 the second pass sees the updated policy: train/entropy is the first pass's
     (the sampling distribution), the other statistics the mean over the passes. The real passes
     run; their entropy is replaced by the pass count 1, 2, 3, 4 to tell them apart."""
-    import harness.trainer as trainer_mod
+    import harness.train.trainer as trainer_mod
 
     real, calls, grad_norms = trainer_mod.policy_pass, [], []
 

@@ -11,7 +11,7 @@ import optuna
 import pytest
 import yaml
 
-from harness import sweep as sw
+from harness.launch import sweep as sw
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "sweeps" / "smoke.yaml"
@@ -107,7 +107,7 @@ def test_a_resubmitted_sweep_does_not_train_a_finished_trial_again(sweep_dir, mo
     from mlflow.tracking import MlflowClient
     from optuna.trial import TrialState
 
-    real = sw.train  # harness.run.train, imported by harness.sweep
+    real = sw.train  # harness.launch.run.train, imported by harness.sweep
 
     def train_then_interrupted(cfg, on_eval=None):
         real(cfg, on_eval=on_eval)

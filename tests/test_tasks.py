@@ -74,7 +74,7 @@ def test_arith_task_prompt_uses_chat_template_and_shots(tokenizer):
 
 
 def test_rewards_combine_correctness_format_and_overlong():
-    from harness.rewards import compute_rewards, overlong_penalty
+    from harness.train.rewards import compute_rewards, overlong_penalty
 
     task = build_task(compose(*QUICK).task)
     out = compute_rewards(task, ["so #### 12", "12", "#### 13"], ["12", "12", "12"], torch.tensor([5, 5, 10]),
@@ -88,7 +88,7 @@ def test_rewards_combine_correctness_format_and_overlong():
 
 
 def test_process_step_rewards_map_to_tokens(tokenizer):
-    from harness.rewards import process_step_rewards
+    from harness.train.rewards import process_step_rewards
 
     task = build_task(compose(*QUICK).task)
     text = "12 + 5 = 17\n17 - 3 = 15\n#### 14"

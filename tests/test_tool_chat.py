@@ -23,7 +23,7 @@ from harness.tasks import build_task
 from harness.tools import Observation, build_tool
 from harness.tools.calculator import CalculatorConfig
 from harness.tools.formats import ChatTemplateFormat, build_format, hermes_call
-from harness.validate import ConfigError, validate
+from harness.launch.validate import ConfigError, validate
 from tests.conftest import compose, tiny_llama
 from tests.test_tools import PROMPTS, ScriptedBackend, _ids
 
@@ -164,9 +164,9 @@ def test_hand_checked_chat_episode(tokenizer):
 def test_observation_tokens_get_exactly_zero_gradient(tokenizer, monkeypatch):
     """float64, the scripted chat episode through the policy loss (GRPO-style advantages, k3 KL,
     entropy bonus): d loss / d log-prob is exactly 0 at every observation token, not at the others."""
-    import harness.update as update
+    import harness.train.update as update
     from harness.algo.algorithm import build_algorithm
-    from harness.update import TrainBatch, policy_pass
+    from harness.train.update import TrainBatch, policy_pass
 
     tok = tokenizer
     t1 = _ids(tok, CALL_12x7) + [tok.eos_token_id]

@@ -259,9 +259,9 @@ def test_gradient_on_observation_tokens_is_exactly_zero(tokenizer, monkeypatch):
     """float64: d loss / d log-prob and d loss / d entropy at every observation token are exactly
     0 (GRPO + k3 KL in the loss + an entropy bonus + token-level IS correction), and not 0 at the
     model's tokens; the logits at a position reach the loss only through those two."""
-    import harness.update as update
+    import harness.train.update as update
     from harness.algo.algorithm import build_algorithm
-    from harness.update import TrainBatch, policy_pass
+    from harness.train.update import TrainBatch, policy_pass
 
     tool = build_tool(CalculatorConfig(call_open="", call_close="e"))
     model = tiny_llama(tokenizer, dtype=torch.float64)
@@ -317,7 +317,7 @@ def test_estimators_see_the_model_tokens_packed_and_the_reward_sits_on_the_last_
     from harness.algo.estimators import AdvantageContext
     from harness.algo.packing import estimate_on_model_tokens
     from harness.algo.token_estimators import TOKEN_ESTIMATORS
-    from harness.rewards import shape_rewards
+    from harness.train.rewards import shape_rewards
 
     # rows: model tokens 1, observation 0, right padding 0
     mask = torch.tensor([[1, 1, 0, 0, 1, 0], [1, 0, 0, 1, 1, 1], [1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0]])
@@ -346,7 +346,7 @@ def test_estimators_see_the_model_tokens_packed_and_the_reward_sits_on_the_last_
 
 _SEARCH_PARAMS = """
 import json, sys, torch
-from harness.models import EMBEDDED_NAME, load_tokenizer
+from harness.model.models import EMBEDDED_NAME, load_tokenizer
 from harness.rollout import SamplingParams
 from harness.rollout.episode import EpisodeRollout
 from harness.tools import build_tool

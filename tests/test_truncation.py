@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from conftest import run_job, tiny_llama
-from harness.logprobs import completion_hidden, token_logprobs
+from harness.model.logprobs import completion_hidden, token_logprobs
 from harness.rollout import SamplingParams, build_backend
-from harness.truncation import SamplingFilter, keep_set, truncate_logits
+from harness.model.truncation import SamplingFilter, keep_set, truncate_logits
 
 P4 = torch.tensor([0.4, 0.3, 0.2, 0.1], dtype=torch.float64)
 
@@ -201,7 +201,7 @@ def test_embedded_model_pr7269_measurement_hf(tokenizer):
     """SmolLM2-135M fp32, hf backend, top_p = 0.8: the mean full-softmax ratio is the mean kept mass
     (each token's ratio is its kept mass, up to fp32 rounding of the two forwards); renormalised
     over the keep set the mean ratio is within 1e-3 of 1."""
-    from harness.models import EMBEDDED_NAME, load_causal_lm
+    from harness.model.models import EMBEDDED_NAME, load_causal_lm
 
     model = load_causal_lm(EMBEDDED_NAME, "float32")
     out = pr7269_measurement(model, tokenizer, build_backend("hf", model, tokenizer, progress=False))

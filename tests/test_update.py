@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from harness.algo import build_algorithm
-from harness.update import TrainBatch, batched_logprobs, policy_pass
+from harness.train.update import TrainBatch, batched_logprobs, policy_pass
 from tests.conftest import compose, tiny_llama
 
 
@@ -79,8 +79,8 @@ def test_gradient_invariant_to_micro_batch_size(tokenizer, dtype, tol):
                                                     marks=pytest.mark.exactness)])
 def test_trimmed_sorted_micro_batches_match_one_untrimmed_batch(tokenizer, dtype, tol):
     """Length-sorted, padding-trimmed micro-batches give the same log-probs."""
-    from harness.logprobs import token_logprobs
-    from harness.update import batched_logprobs, padding_waste
+    from harness.model.logprobs import token_logprobs
+    from harness.train.update import batched_logprobs, padding_waste
 
     batch = _batch(tokenizer)
     batch.completion_ids[:, 5:] = tokenizer.pad_token_id

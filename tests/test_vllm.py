@@ -28,7 +28,7 @@ if not HAVE_VLLM:
         raise RuntimeError(WHY)
     pytest.skip(WHY, allow_module_level=True)
 
-from harness.logprobs import token_logprobs  # noqa: E402
+from harness.model.logprobs import token_logprobs  # noqa: E402
 from harness.rollout import SamplingParams, build_backend  # noqa: E402
 
 pytestmark = pytest.mark.timeout(900)
@@ -132,12 +132,12 @@ def test_sampler_logprobs_match_the_trainer(tiny_pair, tokenizer, temperature):
 
 def test_truncated_sampling_keep_set_and_logprobs_match_the_trainer(tokenizer):
     """vLLM's top-k / top-p draws lie inside the keep set the trainer recomputes from its own logits
-    (harness.truncation, the same convention), and vLLM's processed log-probs equal the trainer's
+    (harness.model.truncation, the same convention), and vLLM's processed log-probs equal the trainer's
     renormalised ones to the engine-vs-trainer tolerance of the untruncated case (2e-4); the
     full-softmax log-probs are lower by the log of the kept mass (on average by more than 0.05).
     A model without the EOS boost, so that truncated draws run to the cap."""
-    from harness.logprobs import completion_hidden
-    from harness.truncation import SamplingFilter, keep_set
+    from harness.model.logprobs import completion_hidden
+    from harness.model.truncation import SamplingFilter, keep_set
 
     model = _tiny(tokenizer, seed=1, eos=False)
     backend = build_backend("vllm", model, tokenizer, progress=False, kv_cache_gib=1, max_model_len=512)
@@ -168,7 +168,7 @@ def test_embedded_model_pr7269_measurement_vllm(tokenizer):
     """TRL PR #7269's measurement with vLLM and SmolLM2-135M fp32 at top_p = 0.8: the mean IS ratio
     with full-softmax trainer log-probs equals the mean kept mass; renormalised over the keep set it
     is within 1e-3 of 1 (tests/test_truncation.py has the hf side)."""
-    from harness.models import EMBEDDED_NAME, load_causal_lm
+    from harness.model.models import EMBEDDED_NAME, load_causal_lm
     from tests.test_truncation import pr7269_measurement
 
     model = load_causal_lm(EMBEDDED_NAME, "float32")
@@ -212,9 +212,9 @@ def test_weight_sync_reaches_the_engine(tokenizer):
 
 def test_lora_weight_sync_sends_the_merged_weights(tokenizer):
     """lora=peft: the engine starts from the base weights (B = 0) and each sync sends W + (alpha / r) B A
-    under the base names (harness.lora.base_state_dict): after changing the adapters, vLLM's greedy
+    under the base names (harness.model.lora.base_state_dict): after changing the adapters, vLLM's greedy
     tokens and log-probs are the adapted policy's (which the hf backend samples from, sharing it)."""
-    from harness.lora import LoraConfig, PeftLora
+    from harness.model.lora import LoraConfig, PeftLora
 
     model = PeftLora(LoraConfig(r=4)).apply(_tiny(tokenizer, seed=1, eos=False))
     backend = build_backend("vllm", model, tokenizer, progress=False, kv_cache_gib=1, max_model_len=512)
@@ -246,7 +246,7 @@ def test_lora_adapter_sync_serves_the_current_adapter_version(tokenizer):
     adapter version (a skipped sync would be seen); after each sync its greedy tokens are the adapted
     policy's (the hf backend's, sharing the module), its log-probs the trainer's to the merged sync's
     tolerance (2e-4), and the one adapter it holds is the new version."""
-    from harness.lora import LoraConfig, PeftLora
+    from harness.model.lora import LoraConfig, PeftLora
 
     model = PeftLora(LoraConfig(r=4)).apply(_tiny(tokenizer, seed=1, eos=False))
     backend = build_backend("vllm", model, tokenizer, progress=False, kv_cache_gib=1, max_model_len=512,
@@ -302,8 +302,8 @@ def test_two_step_training_run_with_vllm(run_dir, lora):
 @pytest.mark.slow
 def test_embedded_model_sampler_and_trainer_logprobs_agree_at_temperature_0_7(tokenizer):
     """SmolLM2-135M in fp32: vLLM's sampled-token log-probs at T=0.7 against the trainer's forward
-    (harness.logprobs) on the same tokens; the measured mismatch is printed (docs/vllm.md quotes it)."""
-    from harness.models import EMBEDDED_NAME, load_causal_lm
+    (harness.model.logprobs) on the same tokens; the measured mismatch is printed (docs/vllm.md quotes it)."""
+    from harness.model.models import EMBEDDED_NAME, load_causal_lm
     from harness.tasks import build_task
     from tests.conftest import compose
 
@@ -352,14 +352,14 @@ def test_two_ranks_with_one_vllm_engine_each_equal_one_process(tokenizer, tmp_pa
 
 
 def test_overlapped_stale_run_equals_sequential():
-    """rollout=vllm, rollout.staleness=1, rollout.overlap=true (harness.overlap): the engine
+    """rollout=vllm, rollout.staleness=1, rollout.overlap=true (harness.train.overlap): the engine
     generates steps 2 and 3 in the worker thread (their weights reach it through reload_weights
     from there) and the run equals overlap=false: every step's sampled ids and sampler log-probs,
     every loss, bit for bit (one engine serves both runs; the same weights, seeds and thread counts
     give the same bits)."""
-    from harness.run import build_components
-    from harness.trainer import Trainer
-    from harness.validate import validate
+    from harness.launch.run import build_components
+    from harness.train.trainer import Trainer
+    from harness.launch.validate import validate
     from tests.conftest import compose
     from tests.knob_probe import MemoryTracker
 

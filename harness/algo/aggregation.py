@@ -22,7 +22,7 @@ Number = Union[int, float, Tensor]
 LOSS_AGGREGATIONS: Registry = Registry("loss aggregation mode")
 
 
-# Each mode's params dataclass is the schema of ``loss_agg=<mode>`` (harness.config) and its only
+# Each mode's params dataclass is the schema of ``loss_agg=<mode>`` (harness.launch.config) and its only
 # declaration of defaults. The function gets the params and the batch-wide normalisers.
 
 

@@ -35,7 +35,7 @@ from .kl import KL_CONTROLLERS, KL_ESTIMATORS, estimate_kl
 from .policy_losses import POLICY_LOSSES
 from .registry import Registry, Variant
 from .rollout_correction import ROLLOUT_CORRECTIONS
-from ..truncation import SamplingFilter
+from harness.model.truncation import SamplingFilter
 
 
 @dataclass(frozen=True)
@@ -130,7 +130,7 @@ class Algorithm:
         advantage_transform: ``advantage_transform=``: ``(advantages [B, T]) -> [B, T]``, applied to
             the estimator's advantages before the policy loss (the identity for ``none``).
         policy_loss: ``policy_loss=``: ``policy_loss(logp, old, adv, mask, weights=None) -> (loss [B, T], stats)``.
-        aggregation: ``loss_agg=``: applied by :func:`harness.update.aggregate`.
+        aggregation: ``loss_agg=``: applied by :func:`harness.train.update.aggregate`.
         max_len: the generation cap ``rollout.max_new_tokens`` (Dr. GRPO's default constant).
         kl: the KL term (:class:`KLTerm`).
         rollout_correction: ``rollout_correction=``: ``(log_ratio, mask, **needs) -> weights or None``
@@ -181,7 +181,7 @@ class Algorithm:
 
 
 def build_algorithm(cfg: Any) -> Algorithm:
-    """The :class:`Algorithm` of the run config ``cfg`` (a resolved :class:`harness.config.Config`).
+    """The :class:`Algorithm` of the run config ``cfg`` (a resolved :class:`harness.launch.config.Config`).
 
     Raises:
         ValueError: an unknown variant name (lists the valid ones) or a key that is not a

@@ -1,5 +1,5 @@
 """Entropy-bonus controllers registered by name (``entropy_control=<name>``): how the coefficient
-of the entropy bonus ``- entropy_coef * H`` (:func:`harness.update.token_objective`) moves from
+of the entropy bonus ``- entropy_coef * H`` (:func:`harness.train.update.token_objective`) moves from
 step to step. ``entropy_coef`` is the starting coefficient.
 
 Signature ``fn(coef, entropy, p) -> next coef``, with ``entropy`` the step's mean per-token

@@ -1,6 +1,6 @@
 """The policy objective under stale rollouts (``offpolicy=<name>``): what the ratio is taken against.
 
-Three policies meet in a stale step (``rollout.staleness=k``, :mod:`harness.staleness`):
+Three policies meet in a stale step (``rollout.staleness=k``, :mod:`harness.train.staleness`):
 
 * the **behaviour** policy ``pi_behav``: the weights that sampled the batch (``k`` updates old);
 * the **proximal** policy ``pi_prox``: the weights before this step's update (the trainer's
@@ -30,7 +30,7 @@ here is the same objective up to the rollout-training mismatch. The choices:
   - any other ``rollout_correction=``: ``w`` is that registered correction (``token_truncate``,
     ``token_mask``, ``sequence_*``, with its own ``cap``) applied to ``log pi_prox - log pi_behav``,
     e.g. truncated IS ``min(w_t, C)`` (verl's ``rollout_is`` on the proximal-behaviour ratio);
-    ``offpolicy.cap`` is then unread, and refused when set (:mod:`harness.validate`).
+    ``offpolicy.cap`` is then unread, and refused when set (:mod:`harness.launch.validate`).
 
 A variant is ``fn(prox_logprobs, sampler_logprobs, mask, correction_weights, p) -> (weights or
 None, stats)`` (``[B, T]`` each; ``correction_weights``: the rollout correction's weights on

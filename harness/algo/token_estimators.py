@@ -106,7 +106,7 @@ def reinforce_pp_baseline(ctx: AdvantageContext, p: ReinforcePPBaselineParams) -
 
 @dataclass
 class PPOParams:
-    """``advantage=ppo``: GAE with a learned critic (``critic.*``, harness/critic.py). gamma=1:
+    """``advantage=ppo``: GAE with a learned critic (``critic.*``, harness/train/critic.py). gamma=1:
     rewards are episodic and undiscounted (the outcome reward sits on the last token); lam=0.95
     as in the GAE paper and verl/OpenRLHF."""
 

@@ -1,4 +1,4 @@
-"""The PPO critic's clipped value loss per token (the critic component: :mod:`harness.critic`)."""
+"""The PPO critic's clipped value loss per token (the critic component: :mod:`harness.train.critic`)."""
 
 from __future__ import annotations
 

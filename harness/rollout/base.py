@@ -32,16 +32,16 @@ class RolloutConfig:
 
     backend: str = "hf"
     temperature: float = 1.0
-    top_p: float = 1.0  # nucleus sampling in (0, 1]; 1.0 = off (harness.truncation: convention, keep set)
+    top_p: float = 1.0  # nucleus sampling in (0, 1]; 1.0 = off (harness.model.truncation: convention, keep set)
     top_k: int = 0  # keep the k most probable tokens (ties with the k-th kept); 0 = off
     max_new_tokens: int = 128
     batch_size: int = 0
     progress: bool = True
     share_prefix: bool = True  # prefill each distinct prompt once, copy its KV cache to the group
-    # sample step t's rollouts with the weights of k updates ago (harness.staleness; 0 = on-policy)
+    # sample step t's rollouts with the weights of k updates ago (harness.train.staleness; 0 = on-policy)
     staleness: int = 0
     # with staleness >= 1: generate the next step's rollouts in a background thread while this step
-    # trains (harness.overlap); the same batches as overlap=false, same seeds
+    # trains (harness.train.overlap); the same batches as overlap=false, same seeds
     overlap: bool = False
     max_turns: int = 4  # with a tool (tools=...): model turns per episode; max_new_tokens bounds them all
 
@@ -50,7 +50,7 @@ class RolloutConfig:
 class SamplingParams:
     """Sampling settings. ``temperature == 0`` means greedy; ``max_new_tokens`` in tokens.
     ``top_k`` / ``top_p``: draw from the distribution renormalised over the keep set
-    (:mod:`harness.truncation`), applied after temperature; the sampler's log-probs are over it too.
+    (:mod:`harness.model.truncation`), applied after temperature; the sampler's log-probs are over it too.
 
     ``seed``: when set, row ``r`` of a ``generate`` call (``r = prompt * n + sample``) draws its
     tokens from its own generator seeded by ``(seed, r)``, so its completion does not depend on

@@ -6,11 +6,11 @@ import torch
 from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
 from harness import progress
-from harness.kv import cache_kwarg, prompt_cache
-from harness.precision import upcast
+from harness.model.kv import cache_kwarg, prompt_cache
+from harness.model.precision import upcast
 from harness.rollout.base import (BACKENDS, RolloutBatch, RolloutConfig, Sample, SamplingParams, concat_batches,
                                   end_of_turn)
-from harness.truncation import SamplingFilter, keep_set
+from harness.model.truncation import SamplingFilter, keep_set
 
 
 def completion_mask_from_ids(completion_ids: torch.Tensor, eos_ids: set[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -49,8 +49,8 @@ class _LogprobRecorder:
     drawn, i.e. the distribution the token was sampled from, in the precision of the logits it is
     given (``generate`` hands float32 logits even to a float64 model).
 
-    With a truncation (``top_k`` / ``top_p``, :mod:`harness.truncation`) it also applies it: the
-    keep set is computed from ``logits / T`` (:func:`harness.truncation.keep_set`, the function
+    With a truncation (``top_k`` / ``top_p``, :mod:`harness.model.truncation`) it also applies it: the
+    keep set is computed from ``logits / T`` (:func:`harness.model.truncation.keep_set`, the function
     the trainer's log-probs call), the logits it returns are ``-inf`` outside it (so the seeded
     race and transformers' sampler that follow draw only from it), and the recorded log-prob is
     renormalised over it.

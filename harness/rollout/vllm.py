@@ -15,7 +15,7 @@ same prompt token ids, left-padded; completions up to and including the first EO
 **sampler's log-probability of every sampled token** (``logprobs_mode="processed_logprobs"``:
 after temperature and top-k / top-p, i.e. renormalised over the keep set, the distribution the
 token was drawn from, which is what the trainer recomputes as ``log_softmax(logits / T)`` over
-the keep set of :mod:`harness.truncation`; vLLM 0.32 applies temperature, then top-k, then
+the keep set of :mod:`harness.model.truncation`; vLLM 0.32 applies temperature, then top-k, then
 top-p, ``apply_top_k_top_p_pytorch``), for the rollout-training mismatch metrics and
 corrections (:mod:`harness.algo.rollout_correction`).
 
@@ -34,8 +34,8 @@ from typing import ClassVar
 import torch
 
 from harness import progress as report
-from harness.lora import base_state_dict
-from harness.models import save_pretrained_on_any_rank
+from harness.model.lora import base_state_dict
+from harness.model.models import save_pretrained_on_any_rank
 from harness.rollout.base import BACKENDS, RolloutBatch, RolloutConfig, Sample, SamplingParams, end_of_turn
 from harness.rollout.hf import completion_mask_from_ids, row_seed
 from harness.rollout.vllm_lora import AdapterSync
@@ -143,7 +143,7 @@ class VLLMRollout:
         """Load ``model``'s current weights into the engine (``reload_weights`` on every worker).
 
         With LoRA (``lora=peft``) and ``lora_sync=merged`` these are the merged weights
-        ``W + (alpha / r) B A`` under the base model's names (:func:`harness.lora.base_state_dict`),
+        ``W + (alpha / r) B A`` under the base model's names (:func:`harness.model.lora.base_state_dict`),
         computed beside the training module, which is left unchanged; with ``lora_sync=adapter``
         only the adapters, as a new adapter version (:meth:`harness.rollout.vllm_lora.AdapterSync.sync`)."""
         self._wake()

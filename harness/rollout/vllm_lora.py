@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from harness.lora import ADAPTER_NAME
+from harness.model.lora import ADAPTER_NAME
 
 ENGINE_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM 0.32 config/lora.py MaxLoRARanks
 
@@ -46,7 +46,7 @@ def engine_rank(r: int) -> int:
 
 
 def peft_wrapper(model: torch.nn.Module):
-    """The peft ``PeftModel`` that :meth:`harness.lora.PeftLora.apply` keeps beside ``model``.
+    """The peft ``PeftModel`` that :meth:`harness.model.lora.PeftLora.apply` keeps beside ``model``.
 
     Raises:
         ValueError: ``model`` has no peft adapters (``lora=none``).

@@ -17,7 +17,7 @@ from typing import Optional, Sequence
 
 from omegaconf import MISSING
 
-from harness.provenance import file_sha256
+from harness.runtime.provenance import file_sha256
 from harness.registry import Registry
 from harness.tasks.data import DataError
 from harness.verifiers import Verdict, parse_number, step_rewards, verify_batch

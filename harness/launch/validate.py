@@ -12,12 +12,12 @@ from harness.algo import (KL_CONTROLLERS, KL_ESTIMATORS, LOSS_AGGREGATIONS, OFFP
                           TOKEN_ESTIMATORS, build_algorithm, dry_run)
 from harness.algo.offpolicy import DecoupledParams
 from harness.algo.kl import IMPORTANCE_CORRECTABLE
-from harness.checkpoint import KEEP_FINAL
-from harness.config import KLConfig
-from harness.critic import CriticConfig
-from harness.distributed import SHARDINGS, TORCHRUN_ENV, under_torchrun
-from harness.lora import ADAPTER_CONFIG, ADAPTERS, read_adapter_config
-from harness.errors import ConfigError  # defined there for harness.tracking; raised and re-exported here
+from harness.train.checkpoint import KEEP_FINAL
+from harness.launch.config import KLConfig
+from harness.train.critic import CriticConfig
+from harness.train.distributed import SHARDINGS, TORCHRUN_ENV, under_torchrun
+from harness.model.lora import ADAPTER_CONFIG, ADAPTERS, read_adapter_config
+from harness.errors import ConfigError  # defined there for harness.launch.tracking; raised and re-exported here
 from harness.rollout import BACKENDS
 from harness.tasks import TASKS
 from harness.tools import TOOLS
@@ -55,17 +55,17 @@ def _dry_run(cfg) -> None:
 
 
 def _check_staleness(cfg) -> None:
-    """``rollout.staleness`` and ``offpolicy=`` (:mod:`harness.staleness`, :mod:`harness.algo.offpolicy`)."""
+    """``rollout.staleness`` and ``offpolicy=`` (:mod:`harness.train.staleness`, :mod:`harness.algo.offpolicy`)."""
     k = cfg.rollout.staleness
     _check(k >= 0, f"rollout.staleness={k}: expected >= 0 (0 = on-policy)")
     _check(k == 0 or cfg.train.sharding == "none", f"rollout.staleness={k} with train.sharding={cfg.train.sharding}: "
            "the lagged weight versions are full copies, not shards; use train.sharding=none")
-    if cfg.rollout.overlap:  # harness.overlap: what the background generation cannot serve exactly
+    if cfg.rollout.overlap:  # harness.train.overlap: what the background generation cannot serve exactly
         _check(k >= 1, "rollout.overlap=true with rollout.staleness=0: an on-policy step samples with the weights its "
                "previous step's update produces, so its generation cannot start before that update ends; set "
                "rollout.staleness >= 1 (or rollout.overlap=false)")
         ranks = int(os.environ.get("WORLD_SIZE", "1"))
-        # under torchrun one rank is in a process group too (harness.distributed.init): its collectives run
+        # under torchrun one rank is in a process group too (harness.train.distributed.init): its collectives run
         _check(ranks == 1 and not under_torchrun(), f"rollout.overlap=true with {ranks} torchrun ranks: the rollout's "
                "collectives (the group filter's global counts, the shards of prompts) would run in the background thread "
                "while the update's gradient all-reduce runs on the same process group; run one process without torchrun "
@@ -124,7 +124,7 @@ def validate(cfg) -> None:
     _choice("model.dtype", cfg.model.dtype, ["float32", "bfloat16", "float16", "float64"])
     _check(cfg.model.dtype != "float64" or not getattr(schema, "NO_FLOAT64", False),
            f"model.dtype=float64 with rollout={cfg.rollout.backend}: that engine has no float64 kernels; "
-           "use rollout=hf (float64 is for exactness checks, see harness.precision) or model.dtype=float32")
+           "use rollout=hf (float64 is for exactness checks, see harness.model.precision) or model.dtype=float32")
     _choice("model.device", cfg.model.device, ["auto", "cpu", "cuda"])
     _check(cfg.model.device != "cuda" or gpu, "model.device=cuda: no CUDA device is visible on this machine "
            "(torch.cuda.is_available() is False); use model.device=auto or cpu")
@@ -221,7 +221,7 @@ def _lora(cfg) -> None:
     _check(cfg.rollout.get("lora_sync", "merged") != "adapter" or int(node.r) <= 512,
            f"rollout.lora_sync=adapter with lora.r={node.r}: vLLM serves LoRA ranks up to 512; use rollout.lora_sync=merged")
     _check(cfg.train.sharding == "none", f"train.sharding={cfg.train.sharding} with lora={node.name}: not implemented; "
-           "the sharded checkpoint and optimizer-state path (harness.distributed.full_state) indexes every parameter "
+           "the sharded checkpoint and optimizer-state path (harness.train.distributed.full_state) indexes every parameter "
            "of the policy, and the optimizer holds only the adapters. The adapters are small: use data-parallel "
            "torchrun (train.sharding=none), which reduces only their gradients")
     _check(not cfg.kl.ref_refresh_steps, f"kl.ref_refresh_steps={cfg.kl.ref_refresh_steps} with lora={node.name}: "
@@ -237,7 +237,7 @@ def _adapter_folder(node) -> None:
     """``lora.adapter_path``: a peft LoRA adapter folder whose ``adapter_config.json`` agrees with the
     ``lora.*`` keys (they would otherwise name values that did not run: peft builds the layers from
     the folder's config). The base weights are checked when the model is loaded
-    (:func:`harness.lora.check_base`)."""
+    (:func:`harness.model.lora.check_base`)."""
     path = node.adapter_path
     try:
         conf = read_adapter_config(path)

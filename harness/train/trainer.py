@@ -19,22 +19,23 @@ from typing import Optional
 import torch
 from mlflow.entities import Metric
 
-from harness import checkpoint as ckpt
+from harness.train import checkpoint as ckpt
 from harness.algo import Algorithm, AdvantageContext, build_algorithm, mismatch_stats
 from harness.algo.packing import estimate_on_model_tokens
-from harness import distributed, eval_cache, progress
-from harness.distributed import full_weights, world
-from harness.evaluation import BY_OUTCOME, completion_len_by_outcome, evaluate
-from harness.health import HealthMonitor
-from harness.lora import build_adapters, trainable_fraction, trainable_parameters
-from harness.overlap import OverlappedRollout
-from harness.perf import PeakMemory
-from harness.precision import compute_dtype
-from harness.rewards import RewardOutput, compute_rewards, process_step_rewards, shape_rewards
+from harness import progress
+from harness.train import distributed, eval_cache
+from harness.train.distributed import full_weights, world
+from harness.train.evaluation import BY_OUTCOME, completion_len_by_outcome, evaluate
+from harness.runtime.health import HealthMonitor
+from harness.model.lora import build_adapters, trainable_fraction, trainable_parameters
+from harness.train.overlap import OverlappedRollout
+from harness.runtime.perf import PeakMemory
+from harness.model.precision import compute_dtype
+from harness.train.rewards import RewardOutput, compute_rewards, process_step_rewards, shape_rewards
 from harness.rollout import RolloutBatch, SamplingParams, concat_batches, empty_batch
-from harness.staleness import LaggedPolicy
-from harness.step_metrics import StepOutputs, step_metrics
-from harness.update import TrainBatch, batched_logprobs, padding_waste, policy_pass
+from harness.train.staleness import LaggedPolicy
+from harness.train.step_metrics import StepOutputs, step_metrics
+from harness.train.update import TrainBatch, batched_logprobs, padding_waste, policy_pass
 
 log = logging.getLogger(__name__)
 
@@ -87,20 +88,20 @@ class Trainer:
     """Owns the models, optimizers and loop state of one run.
 
     Args:
-        cfg: the resolved :class:`harness.config.Config` (OmegaConf object).
+        cfg: the resolved :class:`harness.launch.config.Config` (OmegaConf object).
         task, tokenizer, policy, backend, tracker: built by :mod:`harness.run`.
-        critic: a :class:`harness.critic.Critic` when the estimator needs values, else None.
+        critic: a :class:`harness.train.critic.Critic` when the estimator needs values, else None.
         checkpoint_dir: where checkpoints go.
         on_eval: optional ``fn(step, metrics)`` called after each evaluation.
         on_step: optional ``fn(record: StepRecord)`` called after each step's metrics are complete.
-        config_key: the run's :func:`harness.run.config_key`, stored in each checkpoint.
+        config_key: the run's :func:`harness.launch.run.config_key`, stored in each checkpoint.
         algorithm: the run's :class:`harness.algo.Algorithm` (built from ``cfg`` when None).
 
     The algorithm (estimator, policy loss, aggregation, KL, rollout correction, group filter) is
     built once; what the estimator declares in ``needs`` (critic values, step rewards, a greedy
     completion) is computed for it. No variant is named here.
 
-    Under ``torchrun`` (:mod:`harness.distributed`) each rank samples its share of the step's
+    Under ``torchrun`` (:mod:`harness.train.distributed`) each rank samples its share of the step's
     prompts; the estimator, the loss normalisers, the gradient and the metrics are those of the
     global batch, so a step equals the one-process step on the same prompts. Only rank 0 has a
     real ``tracker`` and writes checkpoints (holding every rank's RNG state).
@@ -126,11 +127,11 @@ class Trainer:
             raise ValueError(f"eval.initial_cache={cfg.eval.initial_cache!r}: expected a one-process run "
                              f"(world size {self.world.world_size}); set eval.initial_cache=null under torchrun")
         self.backend, self.tracker, self.critic = backend, tracker, critic
-        # rollout.staleness=k: the backend samples with the weights of k updates ago (harness.staleness)
+        # rollout.staleness=k: the backend samples with the weights of k updates ago (harness.train.staleness)
         self.lagged = LaggedPolicy(policy, cfg.rollout.staleness) if cfg.rollout.staleness else None
         if self.lagged is not None:
             backend.sync_weights(self.lagged.module)
-        # rollout.overlap: the next step's batch is generated in a background thread (harness.overlap)
+        # rollout.overlap: the next step's batch is generated in a background thread (harness.train.overlap)
         self.overlap = OverlappedRollout(self.lagged, backend, torch.get_num_threads()) if cfg.rollout.overlap else None
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
         t = cfg.train
@@ -173,7 +174,7 @@ class Trainer:
         (``group_filter=<name>``; DAPO's dynamic sampling resamples dropped groups).
 
         Data-parallel: each round's prompts are split into contiguous per-rank shares
-        (:meth:`harness.distributed.World.shard`); a rank samples its rows with the row offsets
+        (:meth:`harness.train.distributed.World.shard`); a rank samples its rows with the row offsets
         they have in the whole draw, so a completion does not depend on the number of ranks, and
         the filter's decisions (groups kept, another round, the fallback) use global counts.
 
@@ -186,7 +187,7 @@ class Trainer:
 
     def _collect(self, data_pos: int):
         """:meth:`collect` from data position ``data_pos``, changing no state of the trainer (the
-        ``rollout.overlap`` worker runs it, :mod:`harness.overlap`); also returns the position after it."""
+        ``rollout.overlap`` worker runs it, :mod:`harness.train.overlap`); also returns the position after it."""
         cfg, G, P, w = self.cfg, self.cfg.group_size, self.cfg.train.prompts_per_step, self.world
         rounds = self.algo.group_filter.params.max_rounds
         kept, kept_rewards, kept_problems, t_roll, t_rew, sampled = [], [], [], 0.0, 0.0, 0
@@ -244,7 +245,7 @@ class Trainer:
         """This step's rollouts (:meth:`collect`'s four), and ``time/rollout_wait_s`` in the info: the
         seconds the step waited for them. ``rollout.overlap``: the batch the worker generated during the
         previous step when one is pending (the wait is what was left of it), else collected now (the
-        wait is the whole collection); then the next step's generation starts (:mod:`harness.overlap`)."""
+        wait is the whole collection); then the next step's generation starts (:mod:`harness.train.overlap`)."""
         t0 = time.perf_counter()
         if self.overlap is not None and self.overlap.pending:
             version, (batch, rew, problems, info, self.data_pos), waited = self.overlap.take(self.data_pos)
@@ -344,7 +345,7 @@ class Trainer:
 
     def _logprob_passes(self, batch: RolloutBatch):
         """The forward passes before the update, each run only when the algorithm needs it: the
-        policy's old log-probs, the behaviour policy's (a stale run's, :mod:`harness.staleness`),
+        policy's old log-probs, the behaviour policy's (a stale run's, :mod:`harness.train.staleness`),
         the reference's log-probs, the critic's values (``[b, T]`` each, else None), and their times
         (seconds: ``time/logprob_s`` all, then each).
 
@@ -410,7 +411,7 @@ class Trainer:
                 "train/skipped_updates": float(self.skipped)}
 
     def _padding_waste(self, batch: RolloutBatch) -> float:
-        """This rank's :func:`harness.update.padding_waste` of the training forwards."""
+        """This rank's :func:`harness.train.update.padding_waste` of the training forwards."""
         prompt_ids = batch.prompt_ids if self.algo.forward.share_prefix else None
         return padding_waste(batch.prompt_mask, batch.completion_mask, self.cfg.train.micro_batch_size, prompt_ids)
 
@@ -453,7 +454,7 @@ class Trainer:
         over the passes, except ``entropy``: the first pass's, i.e. the mean per-token entropy
         (nats) of the sampling distribution (the policy before this step's updates, logits divided
         by ``rollout.temperature``, renormalised over the ``rollout.top_k`` / ``top_p`` keep set) over the loss tokens,
-        token-weighted over micro-batches and ranks (:func:`harness.update.policy_pass`)."""
+        token-weighted over micro-batches and ranks (:func:`harness.train.update.policy_pass`)."""
         cfg, mb, mu = self.cfg, self.cfg.train.micro_batch_size, self.algo.mu
         stats: dict = {}
         warmup = self.critic is not None and self.critic.in_warmup(self.step)
@@ -504,7 +505,7 @@ class Trainer:
         seed = cfg.seed * 1_000_003 + 999_983 * (step + 1)
         t0 = time.perf_counter()
         cached, key = None, None
-        if step == 0 and cfg.eval.initial_cache:  # validated single-process (harness.validate)
+        if step == 0 and cfg.eval.initial_cache:  # validated single-process (harness.launch.validate)
             prompts = [self.task.prompt(p, self.tok) for p in problems]
             key = eval_cache.initial_eval_key(cfg, self.policy, prompts, problems, seed)
             cached = eval_cache.load(cfg.eval.initial_cache, key)
@@ -607,7 +608,7 @@ class Trainer:
 
     # ------------------------------------------------------------- checkpoint
     def _model_states(self) -> dict:
-        """Full policy / optimizer / reference state dicts (:func:`harness.distributed.full_state`: a
+        """Full policy / optimizer / reference state dicts (:func:`harness.train.distributed.full_state`: a
         collective when sharded, so every rank calls it)."""
         if distributed.is_sharded(self.policy):
             policy, opt = distributed.full_state(self.policy, self.opt)
@@ -638,7 +639,7 @@ class Trainer:
 
         The final one (``finished``) is kept as ``checkpoint.keep_final`` says: ``full`` as any
         checkpoint (with ``checkpoint.keep`` of them); ``weights`` / ``merged`` write the policy to
-        ``<checkpoint dir>/final/`` first (:meth:`harness.lora.FullFineTuning.save_final`: the model,
+        ``<checkpoint dir>/final/`` first (:meth:`harness.model.lora.FullFineTuning.save_final`: the model,
         or with LoRA peft's adapter folder / the merged model), then the finished marker (the
         checkpoint without model or optimizer state); ``none`` the marker only. Those three leave no
         other checkpoint.

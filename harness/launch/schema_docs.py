@@ -1,10 +1,10 @@
 """The configuration reference, rendered from the registered schemas (``docs/reference/config.md``).
 
-    python -m harness.schema_docs            # print the reference
-    python -m harness.schema_docs --write    # write docs/reference/config.md (mkdocs build does it too)
+    python -m harness.launch.schema_docs            # print the reference
+    python -m harness.launch.schema_docs --write    # write docs/reference/config.md (mkdocs build does it too)
 
 Every key, its type, its default and the comment beside its declaration come from the
-dataclasses themselves (``harness.config`` and the params dataclasses of the registries, which
+dataclasses themselves (``harness.launch.config`` and the params dataclasses of the registries, which
 are the Hydra schemas), and the default option of each config group from ``conf/config.yaml``.
 Nothing is kept by hand, and nothing is committed: ``mkdocs build`` (``make docs``) writes the page
 at every build (``mkdocs_hooks.py``), so it cannot drift from the code, and adding a task, a
@@ -24,7 +24,7 @@ from pathlib import Path
 import yaml
 from omegaconf import MISSING
 
-from harness.config import Config, group_schemas
+from harness.launch.config import Config, group_schemas
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "reference" / "config.md"
@@ -105,8 +105,8 @@ def render() -> str:
     groups = group_schemas()
     chosen = _group_defaults()
     out = ["# Configuration reference", "",
-           "Generated at every `mkdocs build` (`make docs`; or `python -m harness.schema_docs`) from the schemas",
-           "in `harness/config.py` and the params dataclasses of the registries, so it cannot differ from the",
+           "Generated at every `mkdocs build` (`make docs`; or `python -m harness.launch.schema_docs`) from the schemas",
+           "in `harness/launch/config.py` and the params dataclasses of the registries, so it cannot differ from the",
            "code. Formulas, sources and conventions: [Knobs](../knobs.md).", ""]
     hints = typing.get_type_hints(Config)
     out += ["## Run (`Config`)", "", *_table(Config, "", skip={*groups, "model"}), ""]
@@ -130,7 +130,7 @@ def render() -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m harness.schema_docs", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m harness.launch.schema_docs", description=__doc__.splitlines()[0])
     ap.add_argument("--write", action="store_true", help=f"write {PAGE.relative_to(ROOT)}")
     args = ap.parse_args(argv)
     text = render()

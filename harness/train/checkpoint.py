@@ -24,10 +24,10 @@ FINAL_WEIGHTS = "final"
 """The folder (``<checkpoint dir>/final/``) of a finished run's policy: a Hugging Face model folder
 (``model.safetensors``, ``config.json``, the tokenizer) that ``model.name_or_path`` loads; for
 ``lora=peft`` with ``keep_final=weights`` peft's adapter folder (``adapter_config.json``,
-``adapter_model.safetensors``, the tokenizer: :meth:`harness.lora.PeftLora.save_final`)."""
+``adapter_model.safetensors``, the tokenizer: :meth:`harness.model.lora.PeftLora.save_final`)."""
 MODEL_STATES = ("policy", "optimizer", "ref", "critic", "lagged")
 """The entries of a checkpoint that hold model or optimizer state (a finished marker drops them);
-``lagged``: a stale run's behaviour weights and pending versions (:mod:`harness.staleness`)."""
+``lagged``: a stale run's behaviour weights and pending versions (:mod:`harness.train.staleness`)."""
 
 
 def rng_state() -> dict:
@@ -61,7 +61,7 @@ def save(folder: str | Path, step: int, state: dict, keep: int = 2) -> Path:
 
 def save_final_weights(folder: str | Path, write, tokenizer=None) -> Path:
     """Write the final policy as ``folder/final/`` atomically: ``write(tmp)`` fills a temporary
-    folder (the weights: :meth:`harness.lora.FullFineTuning.save_final`), the tokenizer is added,
+    folder (the weights: :meth:`harness.model.lora.FullFineTuning.save_final`), the tokenizer is added,
     and the folder is renamed over any previous one. Returns the folder."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)

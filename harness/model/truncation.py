@@ -5,7 +5,7 @@ A top-k / top-p sampler draws token ``y`` from the distribution renormalised ove
 The trainer's log-probs (ratio, KL, entropy) must be over the same ``K``, renormalised; with the
 full softmax instead, every ratio against the sampler carries the factor ``S`` (TRL #6789: the
 mean importance ratio equals the kept mass). :func:`keep_set` recomputes ``K`` from logits, the
-sampler (``rollout=hf``, :mod:`harness.rollout.hf`) and the trainer (:mod:`harness.logprobs`)
+sampler (``rollout=hf``, :mod:`harness.rollout.hf`) and the trainer (:mod:`harness.model.logprobs`)
 both call it, and :func:`truncate_logits` is the one step that puts logits on ``K``.
 
 Convention (transformers' ``TopKLogitsWarper`` / ``TopPLogitsWarper`` in the order

@@ -1,7 +1,7 @@
 """Overlapped stale rollouts (``rollout.overlap=true``): step ``t + 1``'s batch is generated while
 step ``t`` trains.
 
-With ``rollout.staleness=k >= 1`` (:mod:`harness.staleness`) the rollouts of step ``t + 1`` are
+With ``rollout.staleness=k >= 1`` (:mod:`harness.train.staleness`) the rollouts of step ``t + 1`` are
 sampled with the weights after update ``max(0, t - k)``, which exist before step ``t``'s update
 (``t - k <= t - 1``). So once step ``t`` has its batch, the next step's whole collection (prompts,
 generation, rewards, the group filter's extra rounds) depends on nothing step ``t`` computes, and
@@ -12,7 +12,7 @@ of our own):
 
 * before the submission, on the trainer's thread, the worker's own generation module (a copy of
   the policy, apart from the behaviour module the trainer scores step ``t`` with) is loaded with
-  the version step ``t + 1`` samples from (:meth:`harness.staleness.LaggedPolicy.upcoming`), so
+  the version step ``t + 1`` samples from (:meth:`harness.train.staleness.LaggedPolicy.upcoming`), so
   step ``t``'s update cannot race it;
 * the worker loads that module into the backend (``sync_weights``: the ``hf`` backend generates
   with it, ``vllm`` receives it through ``reload_weights``) and runs the trainer's collection from
@@ -42,14 +42,14 @@ from typing import Callable, Optional
 
 import torch
 
-from harness.staleness import LaggedPolicy
+from harness.train.staleness import LaggedPolicy
 
 
 class OverlappedRollout:
     """The background generation of the next step's batch.
 
     Args:
-        lagged: the run's :class:`harness.staleness.LaggedPolicy` (``k >= 1``).
+        lagged: the run's :class:`harness.train.staleness.LaggedPolicy` (``k >= 1``).
         backend: the rollout backend; the worker syncs the generation module into it before it
             generates.
         threads: torch's intra-op thread count for the worker (``torch.set_num_threads`` is

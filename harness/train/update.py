@@ -20,12 +20,12 @@ import torch
 
 from harness.algo import Algorithm, masked_mean
 from harness.algo.aggregation import apply_aggregation
-from harness.distributed import idle_backward, idle_passes, is_sharded, logprob_forward, world
-from harness.kv import prompt_groups
-from harness.logprobs import token_logprobs
+from harness.train.distributed import idle_backward, idle_passes, is_sharded, logprob_forward, world
+from harness.model.kv import prompt_groups
+from harness.model.logprobs import token_logprobs
 from harness import progress
-from harness.precision import autocast, upcast
-from harness.truncation import SamplingFilter
+from harness.model.precision import autocast, upcast
+from harness.model.truncation import SamplingFilter
 
 
 @dataclass
@@ -92,7 +92,7 @@ def length_order(prompt_mask: torch.Tensor, completion_mask: torch.Tensor,
 
     Args:
         prompt_mask: ``[B, Tp]``; completion_mask: ``[B, Tc]``.
-        groups: ``[B]`` prompt id of each row (:func:`harness.logprobs.prompt_groups`); when
+        groups: ``[B]`` prompt id of each row (:func:`harness.model.logprobs.prompt_groups`); when
             given, rows of the same prompt are kept next to each other (longest prompts first,
             then by prompt, then longest completions first) so that a micro-batch computes each
             prompt once under ``share_prefix``.
@@ -209,7 +209,7 @@ def aggregate(per_token, mask, algo: Algorithm, norm: dict):
 
 def global_normalizers(mask: torch.Tensor) -> dict:
     """The aggregation normalisers of the *global* batch: valid tokens, sequences with >= 1 valid
-    token and rows of ``mask`` ``[b, T]`` summed over all ranks (:mod:`harness.distributed`), each
+    token and rows of ``mask`` ``[b, T]`` summed over all ranks (:mod:`harness.train.distributed`), each
     at least 1. On one process these are :func:`harness.algo.aggregation_normalizers`'s counts.
     """
     m = mask.to(torch.bool)
@@ -233,7 +233,7 @@ def policy_pass(policy, batch: TrainBatch, algo: Algorithm, micro_batch_size: in
         beta, entropy_coef: this step's KL and entropy coefficients (their controllers'; the
             algorithm's when None).
         logprobs_out: optional ``[B, T]`` tensor filled with the pass's log-probs (detached, 0 past
-            each row's trimmed length), e.g. for :class:`harness.trainer.StepRecord`.
+            each row's trimmed length), e.g. for :class:`harness.train.trainer.StepRecord`.
     Returns:
         token-weighted means of the loss statistics over the batch (python floats); ``loss`` is
         the full-batch loss; ``entropy`` the mean per-token entropy (nats) over the loss tokens of
@@ -248,7 +248,7 @@ def policy_pass(policy, batch: TrainBatch, algo: Algorithm, micro_batch_size: in
     fwd, correction = algo.forward, algo.rollout_correction
     share = fwd.share_prefix
     sums: dict[str, float] = {}
-    forward = logprob_forward(policy)  # the FSDP2 root when sharded (harness.distributed.shard)
+    forward = logprob_forward(policy)  # the FSDP2 root when sharded (harness.train.distributed.shard)
     mbs = list(micro_batches(batch, micro_batch_size, share))
     idle = idle_passes(policy, len(mbs))  # sharded: passes to add to match the busiest rank's collectives
     dev = next(policy.parameters()).device
@@ -337,8 +337,8 @@ def batched_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_
                      precision: str = "fp32", keep: SamplingFilter = SamplingFilter()) -> torch.Tensor:
     """``[B, Tc]`` log-probabilities under ``model`` without gradients (old / reference policy).
 
-    Args as :func:`harness.logprobs.token_logprobs`, run over micro-batches of
-    ``micro_batch_size`` rows; ``precision`` as ``train.precision`` (:mod:`harness.precision`), so
+    Args as :func:`harness.model.logprobs.token_logprobs`, run over micro-batches of
+    ``micro_batch_size`` rows; ``precision`` as ``train.precision`` (:mod:`harness.model.precision`), so
     the old/reference log-probs are computed as the training forward computes the current ones.
     """
 

@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from harness.kv import cache_kwarg, prompt_cache, prompt_groups
-from harness.precision import upcast
-from harness.truncation import SamplingFilter, truncate_logits
+from harness.model.kv import cache_kwarg, prompt_cache, prompt_groups
+from harness.model.precision import upcast
+from harness.model.truncation import SamplingFilter, truncate_logits
 
 
 def build_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask):
@@ -61,7 +61,7 @@ def completion_hidden(model, prompt_ids, prompt_mask, completion_ids, completion
         # transformers turns the cache off under gradient checkpointing in training mode
         checkpointed = getattr(body, "gradient_checkpointing", False) and body.training and torch.is_grad_enabled()
         # "always": the shared path even when no prompt repeats (FSDP2: every rank's micro-batch must
-        # run the same forwards, whose all-gathers are collectives; harness.distributed)
+        # run the same forwards, whose all-gathers are collectives; harness.train.distributed)
         if (len(first) < len(inverse) or share_prefix == "always") and not checkpointed:
             return shared_prefix_hidden(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
                                         first, inverse)
@@ -104,7 +104,7 @@ def shared_prefix_hidden(model, prompt_ids, prompt_mask, completion_ids, complet
 
 
 def _scaled_logits(hidden, weight, bias, temperature: float):
-    """``[..., V]`` logits / temperature in at least float32 (:func:`harness.precision.upcast`)."""
+    """``[..., V]`` logits / temperature in at least float32 (:func:`harness.model.precision.upcast`)."""
     return upcast(F.linear(hidden, weight, bias)).div_(temperature)
 
 
@@ -206,7 +206,7 @@ def token_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_ma
         share_prefix: compute each distinct prompt once (:func:`shared_prefix_hidden`).
         keep: the sampler's truncation (``rollout.top_k`` / ``rollout.top_p``): the log-probs and
             the entropy are those of the distribution renormalised over its keep set, recomputed
-            from these logits after temperature (:mod:`harness.truncation`), with the completion
+            from these logits after temperature (:mod:`harness.model.truncation`), with the completion
             token always kept; inactive (the default): the full softmax.
     Returns:
         ``(logprobs [B, Tc], entropy [B, Tc])`` float32 (float64 for a float64 model); entropy is

@@ -67,7 +67,7 @@ class LaggedPolicy:
         current step (the policy at ``policy_version``, before its update) has not trained yet:
         ``max(0, policy_version + 1 - k)``, which with ``k >= 1`` is at most ``policy_version``, so it
         exists already (the behaviour module's own, or a pending one). Used by ``rollout.overlap``
-        (:mod:`harness.overlap`) to start that step's generation early; nothing is changed here.
+        (:mod:`harness.train.overlap`) to start that step's generation early; nothing is changed here.
 
         Returns:
             (version, state dict): the state dict is :attr:`module`'s own tensors or a pending copy;

@@ -1,4 +1,4 @@
-"""Re-run a logged run from its MLflow record: ``python -m harness.rerun <run id> [key=value ...]``.
+"""Re-run a logged run from its MLflow record: ``python -m harness.launch.rerun <run id> [key=value ...]``.
 
 The config is rebuilt from the run's ``config/resolved.yaml`` artifact (the fully resolved
 config it trained with), not recomposed from today's ``conf/``: a changed default cannot leak
@@ -25,11 +25,11 @@ from pathlib import Path
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
-from harness.config import Config, group_schemas, register_configs
-from harness.models import ModelLoadError
-from harness.run import USER_ERRORS, config_key, train
+from harness.launch.config import Config, group_schemas, register_configs
+from harness.model.models import ModelLoadError
+from harness.launch.run import USER_ERRORS, config_key, train
 from harness.tasks.data import DataError
-from harness.tracking import TrackingError, artifact_path, resolve_uri
+from harness.launch.tracking import TrackingError, artifact_path, resolve_uri
 
 log = logging.getLogger("harness")
 
@@ -58,7 +58,7 @@ def recorded_run(run_id: str, uri: str):
 
 
 def rebuild_config(resolved: dict, overrides: list[str]):
-    """The structured :class:`harness.config.Config` of a recorded resolved config plus overrides.
+    """The structured :class:`harness.launch.config.Config` of a recorded resolved config plus overrides.
 
     Raises:
         RerunError: an override without ``=``, an unknown group option or key (naming it).
@@ -129,7 +129,7 @@ def rerun(run_id: str, overrides: list[str] = (), tracking_uri: str | None = Non
 
 def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
-    ap = argparse.ArgumentParser(prog="python -m harness.rerun", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m harness.launch.rerun", description=__doc__.splitlines()[0])
     ap.add_argument("run_id")
     ap.add_argument("overrides", nargs="*", help="key=value on the recorded config")
     ap.add_argument("--tracking-uri", default=None, help="the store holding the run")

@@ -10,7 +10,7 @@ note), Hydra's ``.hydra/*.yaml`` files and its log. A password inside a URL
   the passwords of URLs seen so far) wherever it appears;
 * :func:`install` makes every log record pass through :func:`redact` (a log-record factory, so
   it holds for Hydra's launcher lines and every library's logger alike);
-* the run, the sweep driver and :mod:`harness.tracking` pass params, tags, artifacts, study
+* the run, the sweep driver and :mod:`harness.launch.tracking` pass params, tags, artifacts, study
   attributes and printed lines through it.
 
 Credentials belong in the environment or a file, not on the command line (which shell history

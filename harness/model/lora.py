@@ -5,7 +5,7 @@ replaces each target linear ``y = W x`` by ``y = W x + (alpha / r) * B A dropout
 ``A: [r, in]`` (Kaiming-uniform), ``B: [out, r]`` (zeros, so the adapted model starts as the base
 model) and ``W`` frozen. The layers are peft's (``peft.get_peft_model``); they are injected into
 the loaded ``*ForCausalLM`` in place, so the policy stays the same module type (its
-``get_decoder`` / ``get_output_embeddings``, which :mod:`harness.logprobs` calls, are unchanged).
+``get_decoder`` / ``get_output_embeddings``, which :mod:`harness.model.logprobs` calls, are unchanged).
 
 The option is a registered class with its params dataclass (``lora=<name>``, :data:`ADAPTERS`);
 it answers the trainer's questions without the trainer naming a variant:
@@ -44,7 +44,7 @@ from typing import Any, Iterator, List, Optional
 
 import torch
 
-from harness.digest import tensors_sha256
+from harness.model.digest import tensors_sha256
 from harness.registry import Registry
 
 ADAPTERS: Registry = Registry("lora")
@@ -107,7 +107,7 @@ def base_state_dict(model: torch.nn.Module, merged: bool = True) -> dict:
 
 
 def base_weights_sha256(model: torch.nn.Module, dtype: Optional[torch.dtype] = None) -> str:
-    """sha256 (:func:`harness.digest.tensors_sha256`) of ``model``'s base weights (unmerged, the base
+    """sha256 (:func:`harness.model.digest.tensors_sha256`) of ``model``'s base weights (unmerged, the base
     model's names), floating tensors cast to ``dtype`` first (None: as they are). Casting makes a
     float32 base and its float64 or bfloat16 load comparable: the cast of the loaded weights equals
     the weights loaded in that dtype (both round to nearest)."""
@@ -197,7 +197,7 @@ class FullFineTuning:
         (``model.safetensors``, ``config.json``) that ``model.name_or_path`` loads.
 
         Args:
-            keep_final: ``weights`` (``merged`` is refused for full fine-tuning by :mod:`harness.validate`).
+            keep_final: ``weights`` (``merged`` is refused for full fine-tuning by :mod:`harness.launch.validate`).
             state: the whole state dict when already gathered (sharded policy); None: ``model``'s own.
             base_name: unused here (the adapter folder records it).
         """

@@ -3,7 +3,7 @@
 ``bf16-autocast`` is mixed precision as TRL/verl train with it: fp32 master weights and AdamW
 state (``model.dtype=float32``), the forward's matmuls (attention, MLP, LM head) in bf16 under
 ``torch.autocast``, and everything numerically delicate in fp32: the logits are cast to fp32
-before the log-softmax (:func:`harness.logprobs._chunk_logprobs`), so log-probs, entropies, KL
+before the log-softmax (:func:`harness.model.logprobs._chunk_logprobs`), so log-probs, entropies, KL
 terms, ratios, advantages and the loss reduction are fp32. It covers the policy's training
 forward, the old/reference log-prob forwards and the critic; rollouts run in ``model.dtype``.
 
@@ -11,7 +11,7 @@ forward, the old/reference log-prob forwards and the critic; rollouts run in ``m
 than fp32 on one, 100x slower on an AVX2-only one). At startup :func:`probe` times the same
 forward + backward of a SmolLM2-shaped MLP block in fp32 and under bf16 autocast and
 :func:`choose` takes bf16 only when it is at least ``MIN_SPEEDUP`` faster. The choice is written
-into the run's config (so the record and :mod:`harness.rerun` repeat it without probing again)
+into the run's config (so the record and :mod:`harness.launch.rerun` repeat it without probing again)
 and the probe's figures are logged (``precision.*`` tags).
 
 ``model.dtype=float64`` (with ``train.precision=fp32``) trains in double end to end: the logits,

@@ -16,9 +16,9 @@ from typing import Optional
 
 import torch
 
-from harness.distributed import World
-from harness.evaluation import completion_len_by_outcome
-from harness.rewards import RewardOutput
+from harness.train.distributed import World
+from harness.train.evaluation import completion_len_by_outcome
+from harness.train.rewards import RewardOutput
 from harness.rollout import RolloutBatch
 from harness.rollout.episode import episode_metrics
 
@@ -49,7 +49,7 @@ class StepOutputs:
         controls: the trainer's own scalars, logged as given (``train/lr``, ``train/kl_coef``, ...).
         times: this rank's seconds for each of :data:`STEP_TIMES`.
         elapsed_s: the run's wall-clock seconds so far (resumes included), logged as given.
-        padding_waste: this rank's :func:`harness.update.padding_waste`.
+        padding_waste: this rank's :func:`harness.train.update.padding_waste`.
         param_frac: the share of the policy's parameters this rank holds.
         mismatch: this rank's :func:`harness.algo.mismatch_stats` over its loss tokens; None when
             not measured.

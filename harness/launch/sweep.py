@@ -4,7 +4,7 @@ A thin native Optuna driver (the hydra-optuna-sweeper plugin pins optuna<3). Eac
 composes the Hydra config from ``conf/`` (fixed overrides of the sweep file, then the
 command-line overrides, then the sampled ``key=value`` pairs), tags the MLflow run with
 ``tracking.sweep=<study>`` / ``tracking.run_name=<study>-trial<N>`` and calls
-:func:`harness.run.train`, reporting the sweep metric after every eval so the pruner can
+:func:`harness.launch.run.train`, reporting the sweep metric after every eval so the pruner can
 stop bad trials (a pruned run ends KILLED in MLflow, with a checkpoint).
 
 Sweep file keys (see ``sweeps/*.yaml``)::
@@ -37,7 +37,7 @@ Resume and crashed workers:
   key>``; a retry uses the original trial's number there, so on the same machine it resumes
   the dead trial's checkpoint and MLflow run. The MLflow run name keeps the original number.
   When the dead trial's job had finished (the worker stopped after training, before Optuna
-  recorded the trial), the retry trains nothing: :func:`harness.run.train` reports that run and
+  recorded the trial), the retry trains nothing: :func:`harness.launch.run.train` reports that run and
   passes its final eval metrics to the objective (``tests/test_sweep.py``).
 * The sampler is seeded with ``seed * 100003 + number of trials already in the study``, so a
   resumed sweep does not repeat the parameters of its first invocation. Workers started together
@@ -54,7 +54,7 @@ Workers started by an engine (``pip install -e ".[cluster]"``)::
     python -m harness.sweep FILE --storage postgresql://user@host/db --workers 8 --launcher ray --ray-address auto
 
 Passwords: in ``PGPASSWORD`` / ``~/.pgpass``, not in ``--storage``; a URL's password is masked
-in everything printed, logged or stored (:mod:`harness.credentials`).
+in everything printed, logged or stored (:mod:`harness.launch.credentials`).
 
 Exit status: 0 done; 1 no trial completed and some failed in this invocation; 2 a bad sweep
 file or config (one line naming the file and key); 130 interrupted.
@@ -86,15 +86,15 @@ from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
 
 from harness import progress
-from harness.config import register_configs
-from harness.credentials import install as _redact_logs
-from harness.credentials import redact, redact_obj, warn_inline
-from harness.models import ModelLoadError
-from harness.run import USER_ERRORS, config_key, train
-from harness.sweep_spec import CONF_DIR, Sweep, SweepError, TrialFailed, load_sweep
+from harness.launch.config import register_configs
+from harness.launch.credentials import install as _redact_logs
+from harness.launch.credentials import redact, redact_obj, warn_inline
+from harness.model.models import ModelLoadError
+from harness.launch.run import USER_ERRORS, config_key, train
+from harness.launch.sweep_spec import CONF_DIR, Sweep, SweepError, TrialFailed, load_sweep
 from harness.tasks.data import DataError
-from harness.tracking import TrackingError, resolve_uri
-from harness.validate import validate
+from harness.launch.tracking import TrackingError, resolve_uri
+from harness.launch.validate import validate
 
 log = logging.getLogger("harness.sweep")
 

@@ -18,8 +18,8 @@ from omegaconf import MISSING
 
 from harness.algo import (ADVANTAGE_TRANSFORMS, ENTROPY_CONTROLLERS, GROUP_FILTERS, LENGTH_PENALTIES, LOSS_AGGREGATIONS,
                           OFFPOLICY_OBJECTIVES, POLICY_LOSSES, ROLLOUT_CORRECTIONS, TOKEN_ESTIMATORS)
-from harness.critic import CriticConfig  # the critic component's own node (critic.*)
-from harness.lora import ADAPTERS
+from harness.train.critic import CriticConfig  # the critic component's own node (critic.*)
+from harness.model.lora import ADAPTERS
 from harness.rollout import BACKENDS, RolloutConfig
 from harness.tasks import TASKS
 from harness.tools import TOOLS
@@ -106,7 +106,7 @@ class EvalConfig:
     temperature: float = 1.0
     log_samples: int = 8  # completions per eval written to the MLflow table
     # a folder: the step-0 eval is stored there and replayed by later runs from the same weights, prompts,
-    # configs, code, versions and machine (harness.eval_cache; one process only). None = always generate.
+    # configs, code, versions and machine (harness.train.eval_cache; one process only). None = always generate.
     initial_cache: Optional[str] = None
 
 

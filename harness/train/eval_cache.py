@@ -27,8 +27,8 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from harness.digest import tensors_sha256
-from harness.provenance import cpu_label, problems_sha256, versions
+from harness.model.digest import tensors_sha256
+from harness.runtime.provenance import cpu_label, problems_sha256, versions
 
 HARNESS_DIR = Path(__file__).resolve().parent
 

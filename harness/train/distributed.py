@@ -56,7 +56,7 @@ from functools import partial
 
 import torch
 
-from harness.logprobs import token_logprobs
+from harness.model.logprobs import token_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -294,7 +294,7 @@ def _is_dtensor(t) -> bool:
 
 class _LogprobRoot(torch.nn.Module):
     """The FSDP2 root unit around a ``*ForCausalLM``: its forward is
-    :func:`harness.logprobs.token_logprobs` of the wrapped model. The trainer's forward calls the
+    :func:`harness.model.logprobs.token_logprobs` of the wrapped model. The trainer's forward calls the
     decoder body and the (chunked) LM head separately, not the model's own ``forward``; wrapping both
     in one module's forward makes FSDP2 gather the root parameters (embeddings, norm, LM head) for
     it and reduce-scatter their gradients after its backward."""
@@ -362,7 +362,7 @@ def is_sharded(model) -> bool:
 
 def logprob_forward(model):
     """The callable that computes ``token_logprobs(model, ...)`` for a training forward: the FSDP2
-    root of a sharded model, else :func:`harness.logprobs.token_logprobs` bound to ``model``."""
+    root of a sharded model, else :func:`harness.model.logprobs.token_logprobs` bound to ``model``."""
     root = _ROOTS.get(model) if model is not None else None
     if root is not None:
         return root

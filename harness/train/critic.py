@@ -16,11 +16,11 @@ from typing import Optional
 import torch
 
 from harness.algo import aggregate_loss, explained_variance, value_loss
-from harness.distributed import world
-from harness.logprobs import completion_hidden
-from harness.lora import trainable_parameters
-from harness.precision import autocast, compute_dtype, upcast
-from harness.update import batched_forward, global_normalizers, micro_batches
+from harness.train.distributed import world
+from harness.model.logprobs import completion_hidden
+from harness.model.lora import trainable_parameters
+from harness.model.precision import autocast, compute_dtype, upcast
+from harness.train.update import batched_forward, global_normalizers, micro_batches
 
 
 @dataclass
@@ -110,7 +110,7 @@ class Critic:
     def update(self, batch, micro_batch_size: int) -> dict:
         """One optimizer step on the clipped value loss (token-mean over the whole batch).
 
-        ``batch``: a :class:`harness.update.TrainBatch` with ``old_values`` and ``returns``.
+        ``batch``: a :class:`harness.train.update.TrainBatch` with ``old_values`` and ``returns``.
         Returns ``value_loss`` (times ``vf_coef``), ``vf_clip_frac`` and ``explained_variance``
         (of the returns by the values the advantages used, as CleanRL logs it).
 
