@@ -55,6 +55,7 @@ register_configs()
 credentials.install()  # before Hydra's launcher logs the overrides of each job
 
 USER_ERRORS = (ConfigError, FileNotFoundError)
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"  # absolute: main runs from harness.run, here or an installed script
 
 
 def config_key(cfg) -> str:
@@ -581,7 +582,7 @@ def summarize(history: dict, tracker, output_dir: Path, ckpt_dir: Path) -> float
     return float(last.get("eval/accuracy", float("nan")))
 
 
-@hydra.main(config_path="../conf", config_name="config", version_base="1.3")
+@hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def main(cfg) -> float:
     scrub_hydra_records()
     name = multirun_job_name(cfg)
@@ -618,8 +619,3 @@ def scrub_hydra_records() -> None:
         files.append(Path(hc.sweep.dir) / "multirun.yaml")
     for f in files:
         credentials.scrub_file(f)
-
-
-if __name__ == "__main__":
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    main()

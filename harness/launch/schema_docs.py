@@ -26,7 +26,7 @@ from omegaconf import MISSING
 
 from harness.launch.config import Config, group_schemas
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "reference" / "config.md"
 _FIELD = re.compile(r"^\s+(\w+)\s*:\s*[^=#]+?(?:=\s*(?P<rhs>.*?))?\s*(?:#\s*(?P<comment>.*))?$")
 

