@@ -22,6 +22,10 @@ string, with its **params dataclass** beside it. That dataclass is declared once
 
     task = TASKS.get(cfg.task.name)(cfg.task)
 
+An entry also carries what its choice declares (:class:`Entry`: the inputs it ``needs``, whether
+it is ``grouped``, ...), so the code that uses it reads declarations and never names a variant.
+A run builds each configured choice once, as a :class:`Choice` (record and params), and calls it.
+
 A package whose modules register themselves calls :func:`import_package_modules` once, so that
 dropping a module into it registers the module's entries: there is no list of modules to edit.
 
@@ -34,23 +38,52 @@ import dataclasses
 import importlib
 import pkgutil
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Generic, Iterator, List, Mapping, Optional, TypeVar
+from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Mapping, Optional, TypeVar
 
 F = TypeVar("F", bound=Callable)
 
 
 @dataclass(frozen=True)
 class Entry:
-    """One registered choice: its function or class and its params dataclass.
+    """One registered choice: its function or class, its params dataclass and its declarations.
 
     ``name_field`` is the params field that holds the choice's name (``name`` for most,
     ``backend`` for the rollout backends, whose key is ``rollout.backend``).
+
+    The declarations, each read by the code that uses that registry (all default to "none"):
+
+    * ``needs``: extra inputs the caller must compute (an estimator's ``"values"`` or
+      ``"step_rewards"``, a correction's ``"advantages"``, the ``kl.*`` keys a controller reads);
+    * ``grouped``: it needs groups of ``G >= 2`` completions per prompt (estimators);
+    * ``outcome``: an outcome estimator's own function, ``(rewards [P, G], valid [P, G], p,
+      state) -> [P, G]``, of which ``fn`` is the token form
+      (:func:`harness.algo.estimators.outcome_estimator`);
+    * ``aggregation``: the ``loss_agg`` mode the variant's source prescribes (policy losses);
+    * ``invariances``: the exact properties it promises (names, or ``fn(params) -> names``),
+      which ``tests/test_properties.py`` checks for every registered variant.
     """
 
     name: str
     fn: Callable
     params: Optional[type] = None
     name_field: str = "name"
+    needs: FrozenSet[str] = frozenset()
+    grouped: bool = False
+    outcome: Optional[Callable] = None
+    aggregation: Optional[str] = None
+    invariances: Any = frozenset()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "needs", frozenset(self.needs))
+        if not callable(self.invariances):
+            object.__setattr__(self, "invariances", frozenset(self.invariances))
+
+    def invariances_for(self, params: Any = None) -> FrozenSet[str]:
+        """The declared invariances under ``params`` (the defaults when None)."""
+        inv = self.invariances
+        if callable(inv):
+            inv = inv(params if params is not None else self.build())
+        return frozenset(inv)
 
     def param_names(self) -> List[str]:
         """Names of the tunable fields (the name field excluded)."""
@@ -86,17 +119,11 @@ class Entry:
         return self.params(**data)
 
 
-E = TypeVar("E", bound=Entry)
-
-
-class Registry(Generic[E]):
-    """Mapping from config names to :class:`Entry` records (or a subclass's, see ``entry``).
+class Registry:
+    """Mapping from config names to :class:`Entry` records: the one registry class of the harness.
 
     Args:
         kind: what is registered, for error messages (``"task"``, ``"advantage estimator"``).
-        entry: the record type; a subclass of :class:`Entry` adds declarations as fields
-            (:class:`harness.algo.registry.Variant`: ``grouped``, ``needs``, ...), passed to
-            :meth:`register` as keywords.
         name_field: the params field holding the name (see :class:`Entry`).
 
     Raises (from methods):
@@ -105,11 +132,10 @@ class Registry(Generic[E]):
             message lists the valid names).
     """
 
-    def __init__(self, kind: str, *, entry: type = Entry, name_field: str = "name") -> None:
+    def __init__(self, kind: str, *, name_field: str = "name") -> None:
         self.kind = kind
-        self.entry = entry
         self.name_field = name_field
-        self._items: Dict[str, E] = {}
+        self._items: Dict[str, Entry] = {}
 
     def register(self, name: str, *, params: Optional[type] = None, **declarations: Any) -> Callable[[F], F]:
         """Decorator registering a function or class under ``name`` and returning it unchanged.
@@ -117,7 +143,8 @@ class Registry(Generic[E]):
         Args:
             params: the params dataclass (also the config schema); its name field, if any, must
                 default to ``name``.
-            declarations: further fields of the record type (``entry``).
+            declarations: the :class:`Entry` declarations (``needs``, ``grouped``, ``outcome``,
+                ``aggregation``, ``invariances``).
         """
         if not isinstance(name, str) or not name:
             raise ValueError(f"{self.kind} name must be a non-empty string, got {name!r}")
@@ -130,12 +157,12 @@ class Registry(Generic[E]):
         def decorator(fn: F) -> F:
             if name in self._items:
                 raise ValueError(f"{self.kind} {name!r} is already registered")
-            self._items[name] = self.entry(name, fn, params, self.name_field, **declarations)
+            self._items[name] = Entry(name, fn, params, self.name_field, **declarations)
             return fn
 
         return decorator
 
-    def spec(self, name: str) -> E:
+    def spec(self, name: str) -> Entry:
         """The record registered as ``name``.
 
         Raises:
@@ -151,6 +178,10 @@ class Registry(Generic[E]):
     def get(self, name: str) -> Callable:
         """The function or class registered as ``name`` (raises as :meth:`spec`)."""
         return self.spec(name).fn
+
+    def requires_groups(self, name: str) -> bool:
+        """True if ``name`` was registered with ``grouped=True`` (raises as :meth:`spec`)."""
+        return self.spec(name).grouped
 
     def names(self) -> List[str]:
         """Sorted list of registered names."""
@@ -171,6 +202,35 @@ class Registry(Generic[E]):
 
     def __repr__(self) -> str:
         return f"Registry({self.kind!r}, names={self.names()})"
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One configured choice: its registry record and its params instance, built once.
+
+    Calling it calls the registered function with the params last: ``spec.fn(*inputs, params)``.
+    """
+
+    spec: Entry
+    params: Any
+
+    @classmethod
+    def build(cls, registry: Registry, node: Any) -> "Choice":
+        """The choice ``node.name`` of ``registry`` with params built from ``node`` (a config node).
+
+        Raises:
+            ValueError: an unknown name (lists the valid ones) or a key that is not a param.
+        """
+        spec = registry.spec(node.name)
+        return cls(spec, spec.build(node))
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def __call__(self, *inputs: Any, **kwargs: Any) -> Any:
+        """The registered function on ``inputs``, with its params: ``spec.fn(*inputs, params, **kwargs)``."""
+        return self.spec.fn(*inputs, self.params, **kwargs)
 
 
 def import_package_modules(package: str) -> List[str]:

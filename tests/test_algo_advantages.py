@@ -16,7 +16,7 @@ from harness.algo import (
     pass_at_k,
     requires_groups,
 )
-from harness.algo.registry import Registry
+from harness.registry import Registry
 from harness.algo.utils import explained_variance, masked_var
 
 ONE_HOT = torch.tensor([[1.0, 0.0, 0.0, 0.0]])

@@ -8,7 +8,7 @@ empty and one-token rows, and (where a variant takes any mask) masks with holes.
 * **float32 = float64.** The variant runs on float32 inputs and on their exact float64 image; the
   two results agree within a tolerance derived from float32's unit roundoff ``u = 2^-24`` and the
   computation's conditioning (stated at each check). Estimators compute in float64 by convention
-  (``estimators.in_float64``), so theirs is the final rounding only.
+  (the trainer's call, ``harness.algo.estimators.Estimator``), so theirs is the final rounding only.
 * **Finite** results, whatever the magnitudes.
 * **Declared invariances** (``Registry.register(..., invariances=...)``), checked exactly in
   float64 on well-conditioned data (dyadic values, so a shift or a power-of-two scale is exact):
@@ -38,7 +38,7 @@ from hypothesis import strategies as st
 from harness.algo import (KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, ROLLOUT_CORRECTIONS, TOKEN_ESTIMATORS,
                           aggregate_loss)
 from harness.algo.aggregation import aggregation_normalizers
-from harness.algo.estimators import AdvantageContext
+from harness.algo.estimators import AdvantageContext, Estimator
 
 U32 = 2.0 ** -24  # float32 unit roundoff
 settings.register_profile("ci", max_examples=40, deadline=None, derandomize=True,
@@ -178,7 +178,7 @@ def _permute(ctx: AdvantageContext, perm: torch.Tensor) -> AdvantageContext:
 
 
 def _estimate(spec, params, ctx):
-    return spec.fn(ctx, params).advantages
+    return Estimator(spec, params)(ctx).advantages  # as the trainer calls it
 
 
 # Parameter settings beyond the defaults whose numerics differ (each row is run like a default).

@@ -314,8 +314,7 @@ def test_gradient_on_observation_tokens_is_exactly_zero(tokenizer, monkeypatch):
 
 # ------------------------------------------------------------- the algorithm's view
 def test_estimators_see_the_model_tokens_packed_and_the_reward_sits_on_the_last_model_token():
-    from harness.algo.estimators import AdvantageContext
-    from harness.algo.packing import estimate_on_model_tokens
+    from harness.algo.estimators import AdvantageContext, Estimator
     from harness.algo.token_estimators import TOKEN_ESTIMATORS
     from harness.train.rewards import shape_rewards
 
@@ -326,9 +325,9 @@ def test_estimators_see_the_model_tokens_packed_and_the_reward_sits_on_the_last_
     assert token_rewards.tolist() == [[0, 0, 0, 0, 1, 0], [0] * 6, [0, 0, 1, 0, 0, 0], [0] * 6]  # last model token
     spec = TOKEN_ESTIMATORS.spec("reinforce_pp")
     params = spec.build({"gamma": 0.5})
-    est = lambda c: spec.fn(c, params)  # noqa: E731
+    est = Estimator(spec, params)  # the trainer's call: algo.estimator(ctx)
     ctx = AdvantageContext(scores=scores.view(2, 2).double(), token_rewards=token_rewards.double(), mask=mask)
-    out = estimate_on_model_tokens(est, ctx)
+    out = est(ctx)
     # by hand: returns-to-go over model tokens only, gamma 0.5: row 0 (3 model tokens, reward 1 on
     # the last) -> 0.25, 0.5, 1; row 2 (3 tokens) the same; rows 1 and 3 (4 tokens) all 0. Whitened over the 14
     # model tokens, in row order:
@@ -339,9 +338,9 @@ def test_estimators_see_the_model_tokens_packed_and_the_reward_sits_on_the_last_
     expect[mask.bool()] = white
     assert torch.allclose(out.advantages, expect, atol=1e-6)  # reinforce_pp's eps in the std
     assert bool((out.advantages[mask == 0] == 0).all())
-    # a right-padded mask is the plain call, untouched
+    # a right-padded mask is the registered function's plain call (a float64 context: no cast)
     plain = AdvantageContext(scores=ctx.scores, token_rewards=ctx.token_rewards, mask=(mask.cumprod(1)))
-    assert torch.equal(estimate_on_model_tokens(est, plain).advantages, est(plain).advantages)
+    assert torch.equal(est(plain).advantages, spec.fn(plain, params).advantages)
 
 
 _SEARCH_PARAMS = """

@@ -18,6 +18,7 @@ from .estimators import (
     TOKEN_ESTIMATORS,
     AdvantageContext,
     AdvantageOutput,
+    Estimator,
     compute_advantages,
     estimate_advantages,
     outcome_names,
@@ -25,7 +26,7 @@ from .estimators import (
 )
 from . import advantages, rescaled, token_estimators  # noqa: F401  (register their estimators)
 from .aggregation import LOSS_AGGREGATIONS, aggregate_loss, aggregation_normalizers
-from .algorithm import Algorithm, Choice, KLTerm, LogprobForward, build_algorithm, dry_run
+from .algorithm import Algorithm, KLTerm, LogprobForward, build_algorithm, dry_run
 from .entropy import ENTROPY_CONTROLLERS
 from .filters import GROUP_FILTERS
 from .length_penalty import LENGTH_PENALTIES
@@ -34,7 +35,7 @@ from .gae import gae, reinforce_pp_returns
 from .kl import KL_CONTROLLERS, KL_ESTIMATORS, kl_penalty
 from .offpolicy import OFFPOLICY_OBJECTIVES
 from .policy_losses import POLICY_LOSSES
-from .registry import Registry
+from harness.registry import Choice, Registry
 from .rollout_correction import ROLLOUT_CORRECTIONS, mismatch_stats
 from .surrogate import RATIO_LEVELS, policy_loss
 from .utils import (
@@ -51,6 +52,7 @@ from .value_loss import value_loss
 __all__ = [
     "Algorithm",
     "Choice",
+    "Estimator",
     "KLTerm",
     "LogprobForward",
     "build_algorithm",

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from .registry import Registry
+from harness.registry import Registry
 
 ADVANTAGE_TRANSFORMS: Registry = Registry("advantage transform")
 

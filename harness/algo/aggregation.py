@@ -14,7 +14,7 @@ from typing import Any, Dict, Optional, Union
 import torch
 from torch import Tensor
 
-from .registry import Registry, Variant
+from harness.registry import Entry, Registry
 from .utils import check_like, masked_sum
 
 Number = Union[int, float, Tensor]
@@ -192,7 +192,7 @@ def aggregate_loss(
 
 
 def apply_aggregation(
-    spec: Variant,
+    spec: Entry,
     params: Any,
     per_token_loss: Tensor,
     mask: Tensor,

@@ -9,7 +9,7 @@ validation's dry run (:func:`dry_run`) take the :class:`Algorithm` (or the piece
 never the run's config::
 
     algo = build_algorithm(cfg)
-    adv = algo.estimator(ctx)                     # = spec.fn(ctx, params)
+    adv = algo.estimator(ctx)                     # harness.algo.estimators.Estimator
     per_token, stats = algo.policy_loss(logp, old, adv.advantages, mask, weights=None)
 
 Nothing here names a variant: what a variant declares (``needs``, ``grouped``, the
@@ -24,8 +24,11 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
+from harness.model.truncation import SamplingFilter
+from harness.registry import Choice, Entry
+
 from .aggregation import LOSS_AGGREGATIONS, apply_aggregation
-from .estimators import TOKEN_ESTIMATORS, AdvantageContext
+from .estimators import TOKEN_ESTIMATORS, AdvantageContext, Estimator
 from .entropy import ENTROPY_CONTROLLERS
 from .adv_transforms import ADVANTAGE_TRANSFORMS
 from .filters import GROUP_FILTERS
@@ -33,35 +36,7 @@ from .length_penalty import LENGTH_PENALTIES
 from .offpolicy import OFFPOLICY_OBJECTIVES
 from .kl import KL_CONTROLLERS, KL_ESTIMATORS, estimate_kl
 from .policy_losses import POLICY_LOSSES
-from .registry import Registry, Variant
 from .rollout_correction import ROLLOUT_CORRECTIONS
-from harness.model.truncation import SamplingFilter
-
-
-@dataclass(frozen=True)
-class Choice:
-    """One configured variant: its registry record and its params instance, built once."""
-
-    spec: Variant
-    params: Any
-
-    @classmethod
-    def build(cls, registry: Registry, node: Any) -> "Choice":
-        """The variant ``node.name`` of ``registry`` with params built from ``node`` (a config node).
-
-        Raises:
-            ValueError: an unknown name (lists the valid ones) or a key that is not a param.
-        """
-        spec = registry.spec(node.name)
-        return cls(spec, spec.build(node))
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
-    def __call__(self, *inputs: Any, **kwargs: Any) -> Any:
-        """The registered function on ``inputs``, with its params: ``spec.fn(*inputs, params, **kwargs)``."""
-        return self.spec.fn(*inputs, self.params, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -80,12 +55,12 @@ class KLTerm:
         ref_refresh_steps: copy the policy into the reference every N steps (0 = never).
     """
 
-    estimator: Variant
+    estimator: Entry
     clamp: Optional[float]
     placement: str
     importance_correct: bool
     beta: float
-    controller: Variant
+    controller: Entry
     target: float
     horizon: int
     ref_refresh_steps: int
@@ -126,7 +101,7 @@ class Algorithm:
     """Everything the data path reads about the algorithm, looked up and built once.
 
     Attributes:
-        estimator: ``advantage=``: ``estimator(ctx) -> AdvantageOutput``.
+        estimator: ``advantage=``: ``estimator(ctx) -> AdvantageOutput`` (:class:`harness.algo.estimators.Estimator`).
         advantage_transform: ``advantage_transform=``: ``(advantages [B, T]) -> [B, T]``, applied to
             the estimator's advantages before the policy loss (the identity for ``none``).
         policy_loss: ``policy_loss=``: ``policy_loss(logp, old, adv, mask, weights=None) -> (loss [B, T], stats)``.
@@ -147,7 +122,7 @@ class Algorithm:
         forward: how the log-probs are computed (:class:`LogprobForward`).
     """
 
-    estimator: Choice
+    estimator: Estimator
     advantage_transform: Choice
     policy_loss: Choice
     aggregation: Choice
@@ -189,7 +164,7 @@ def build_algorithm(cfg: Any) -> Algorithm:
     """
     kl = cfg.kl
     return Algorithm(
-        estimator=Choice.build(TOKEN_ESTIMATORS, cfg.advantage),
+        estimator=Estimator.build(TOKEN_ESTIMATORS, cfg.advantage),
         advantage_transform=Choice.build(ADVANTAGE_TRANSFORMS, cfg.advantage_transform),
         policy_loss=Choice.build(POLICY_LOSSES, cfg.policy_loss),
         aggregation=Choice.build(LOSS_AGGREGATIONS, cfg.loss_agg),
@@ -252,4 +227,4 @@ def dry_run(algo: Algorithm, group_size: int) -> None:  # cpu: a synthetic host 
     algo.offpolicy(logp.detach(), logp.detach() - 0.05, mask, weights)
 
 
-__all__ = ["Algorithm", "Choice", "KLTerm", "LogprobForward", "build_algorithm", "dry_run"]
+__all__ = ["Algorithm", "KLTerm", "LogprobForward", "build_algorithm", "dry_run"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .registry import Registry
+from harness.registry import Registry
 
 ENTROPY_CONTROLLERS: Registry = Registry("entropy controller")
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .registry import Registry
+from harness.registry import Registry
 
 GROUP_FILTERS: Registry = Registry("group filter")
 

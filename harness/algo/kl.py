@@ -31,7 +31,7 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
-from .registry import Registry, Variant
+from harness.registry import Entry, Registry
 from .utils import shape_str
 
 KL_ESTIMATORS: Registry = Registry("KL estimator")
@@ -179,7 +179,7 @@ def kl_penalty(
 
 
 def estimate_kl(
-    estimator: Variant,
+    estimator: Entry,
     logprobs: Tensor,
     ref_logprobs: Tensor,
     *,

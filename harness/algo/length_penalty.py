@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from .registry import Registry
+from harness.registry import Registry
 
 LENGTH_PENALTIES: Registry = Registry("length penalty")
 

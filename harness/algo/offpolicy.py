@@ -46,7 +46,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .registry import Registry
+from harness.registry import Registry
 from .utils import masked_mean
 
 OFFPOLICY_OBJECTIVES: Registry = Registry("off-policy objective")

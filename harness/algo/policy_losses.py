@@ -35,7 +35,7 @@ from typing import Dict, Optional, Tuple
 import torch
 from torch import Tensor
 
-from .registry import Registry
+from harness.registry import Registry
 from .surrogate import policy_loss, token_advantages, token_log_ratio
 from .utils import check_like, masked_mean, zero_masked
 

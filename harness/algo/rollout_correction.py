@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .registry import Registry
+from harness.registry import Registry
 
 ROLLOUT_CORRECTIONS: Registry = Registry("rollout correction")
 

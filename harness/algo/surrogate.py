@@ -15,7 +15,7 @@ from typing import Dict, Optional, Tuple
 import torch
 from torch import Tensor
 
-from .registry import Registry
+from harness.registry import Registry
 from .utils import check_like, masked_mean, shape_str, zero_masked
 
 RATIO_LEVELS: Registry = Registry("importance-ratio level")

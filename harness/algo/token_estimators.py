@@ -4,7 +4,8 @@ Registered in the one estimator registry (:mod:`harness.algo.estimators`, ``TOKE
 with their params dataclass (the Hydra schema of ``advantage=<name>``) and the extra inputs
 they ``needs``: ``reinforce_pp``, ``reinforce_pp_baseline``, ``ppo``, ``remax``, ``opo``, ``gdpo``
 and ``process``. The outcome estimators (``grpo``, ``rloo``, ...) live in :mod:`.advantages` and
-:mod:`.rescaled`.
+:mod:`.rescaled`. Each receives the context :class:`harness.algo.estimators.Estimator` checked,
+packed and cast to float64, and checks only its own params and inputs.
 
 Layout: ``P`` prompts x ``G`` completions, ``B = P * G`` rows in group-major
 order (row ``b = p * G + g``), ``T`` padded completion length, right padding.
@@ -17,8 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .estimators import (TOKEN_ESTIMATORS, AdvantageContext, AdvantageOutput, broadcast, check_context, float_mask,
-                         in_float64)
+from .estimators import TOKEN_ESTIMATORS, AdvantageContext, AdvantageOutput, broadcast, float_mask
 from .gae import gae, reinforce_pp_returns
 from .utils import masked_mean, masked_var, masked_whiten, right_padded_lengths
 
@@ -46,7 +46,6 @@ class ReinforcePPBaselineParams:
 
 @TOKEN_ESTIMATORS.register("reinforce_pp", params=ReinforcePPParams, grouped=False,
                            invariances=("permutation", "shift", "scale"))
-@in_float64
 def reinforce_pp(ctx: AdvantageContext, p: ReinforcePPParams) -> AdvantageOutput:
     """REINFORCE++ advantage: batch-whitened discounted return-to-go.
 
@@ -62,7 +61,6 @@ def reinforce_pp(ctx: AdvantageContext, p: ReinforcePPParams) -> AdvantageOutput
     Raises:
         ValueError: context shape errors or ``gamma`` outside ``[0, 1]``.
     """
-    check_context(ctx, "reinforce_pp")
     m = float_mask(ctx)
     returns = reinforce_pp_returns(ctx.token_rewards, ctx.mask, gamma=p.gamma)
     return AdvantageOutput(advantages=masked_whiten(returns, m, unbiased=p.unbiased))
@@ -70,7 +68,6 @@ def reinforce_pp(ctx: AdvantageContext, p: ReinforcePPParams) -> AdvantageOutput
 
 @TOKEN_ESTIMATORS.register("reinforce_pp_baseline", params=ReinforcePPBaselineParams, grouped=True,
                            invariances=("permutation", "shift", "scale"))
-@in_float64
 def reinforce_pp_baseline(ctx: AdvantageContext, p: ReinforcePPBaselineParams) -> AdvantageOutput:
     """REINFORCE++-baseline: group-mean baseline, return-to-go, batch whitening.
 
@@ -87,7 +84,7 @@ def reinforce_pp_baseline(ctx: AdvantageContext, p: ReinforcePPBaselineParams) -
     Raises:
         ValueError: context shape errors, ``G < 2``, ``gamma`` outside ``[0, 1]``.
     """
-    P, G = check_context(ctx, "reinforce_pp_baseline")
+    P, G = ctx.scores.shape
     m = float_mask(ctx)
     lengths = right_padded_lengths(ctx.mask)
     valid = (lengths > 0).reshape(P, G)
@@ -118,7 +115,6 @@ class PPOParams:
 
 
 @TOKEN_ESTIMATORS.register("ppo", params=PPOParams, grouped=False, needs=("values",), invariances=("permutation",))
-@in_float64
 def ppo(ctx: AdvantageContext, p: PPOParams) -> AdvantageOutput:
     """PPO advantages from GAE with a critic.
 
@@ -134,7 +130,6 @@ def ppo(ctx: AdvantageContext, p: PPOParams) -> AdvantageOutput:
         ValueError: ``ctx.values`` is None or mis-shaped; context shape errors;
             ``gamma``/``lam`` outside ``[0, 1]``.
     """
-    check_context(ctx, "ppo")
     if ctx.values is None:
         raise ValueError("ctx.values must be a [B, T] tensor of critic values for estimator 'ppo'")
     adv, returns = gae(ctx.token_rewards, ctx.values, ctx.mask, gamma=p.gamma, lam=p.lam)
@@ -155,7 +150,6 @@ class ReMaxParams:
 
 @TOKEN_ESTIMATORS.register("remax", params=ReMaxParams, grouped=False, needs=("greedy",),
                            invariances=("permutation", "shift", "scale_equivariant"))
-@in_float64
 def remax(ctx: AdvantageContext, p: ReMaxParams) -> AdvantageOutput:
     """ReMax advantage: ``A_pg = r_pg - r_greedy(p)`` on every valid token.
 
@@ -169,7 +163,7 @@ def remax(ctx: AdvantageContext, p: ReMaxParams) -> AdvantageOutput:
     Raises:
         ValueError: ``ctx.greedy_scores`` missing or not ``[P]``; context shape errors.
     """
-    P, G = check_context(ctx, "remax")
+    P, G = ctx.scores.shape
     if ctx.greedy_scores is None or tuple(ctx.greedy_scores.shape) != (P,):
         raise ValueError(f"ctx.greedy_scores must be a [P]=[{P}] tensor of greedy rewards for estimator 'remax'")
     m = float_mask(ctx)
@@ -187,7 +181,6 @@ class OPOParams:
 
 @TOKEN_ESTIMATORS.register("opo", params=OPOParams, grouped=True,
                            invariances=("permutation", "shift", "scale_equivariant", "constant_zero"))
-@in_float64
 def opo(ctx: AdvantageContext, p: OPOParams) -> AdvantageOutput:
     """OPO advantage: ``A_i = r_i - b``, ``b = sum_j L_j r_j / sum_j L_j`` over the group.
 
@@ -201,7 +194,7 @@ def opo(ctx: AdvantageContext, p: OPOParams) -> AdvantageOutput:
     Raises:
         ValueError: context shape errors, ``G < 2``.
     """
-    P, G = check_context(ctx, "opo")
+    P, G = ctx.scores.shape
     m = float_mask(ctx)
     lengths = m.sum(-1).reshape(P, G)
     r = ctx.scores.to(m.dtype)
@@ -226,7 +219,6 @@ class GDPOParams:
 
 @TOKEN_ESTIMATORS.register("gdpo", params=GDPOParams, grouped=True, needs=("reward_components",),
                            invariances=("permutation", "shift", "scale"))
-@in_float64
 def gdpo(ctx: AdvantageContext, p: GDPOParams) -> AdvantageOutput:
     """GDPO advantage: normalise each reward component within its group, sum them with the
     reward's weights, then normalise the sum over the batch.
@@ -252,7 +244,7 @@ def gdpo(ctx: AdvantageContext, p: GDPOParams) -> AdvantageOutput:
         ValueError: missing components or weights of the wrong shape, ``eps < 0``, context shape
             errors, ``G < 2``.
     """
-    P, G = check_context(ctx, "gdpo")
+    P, G = ctx.scores.shape
     comp, w = ctx.reward_components, ctx.reward_weights
     if comp is None or comp.dim() != 3 or tuple(comp.shape[:2]) != (P, G):
         got = None if comp is None else tuple(comp.shape)
@@ -284,7 +276,6 @@ class ProcessParams:
 
 @TOKEN_ESTIMATORS.register("process", params=ProcessParams, grouped=True, needs=("step_rewards",),
                            invariances=("permutation", "shift", "scale", "constant_zero"))
-@in_float64
 def process(ctx: AdvantageContext, p: ProcessParams) -> AdvantageOutput:
     """GRPO with process supervision (per-step rewards).
 
@@ -306,7 +297,7 @@ def process(ctx: AdvantageContext, p: ProcessParams) -> AdvantageOutput:
             index outside the row's valid tokens ``[0, L_b - 1]``; non-finite
             step reward; ``G < 2``; ``eps < 0``.
     """
-    P, G = check_context(ctx, "process")
+    P, G = ctx.scores.shape
     eps, unbiased = p.eps, p.unbiased
     if eps < 0:
         raise ValueError(f"advantage.eps must be >= 0, got {eps}")

@@ -21,7 +21,6 @@ from mlflow.entities import Metric
 
 from harness.train import checkpoint as ckpt
 from harness.algo import Algorithm, AdvantageContext, build_algorithm, mismatch_stats
-from harness.algo.packing import estimate_on_model_tokens
 from harness import progress
 from harness.train import distributed, eval_cache
 from harness.train.distributed import full_weights, world
@@ -302,7 +301,7 @@ class Trainer:
         with progress.phase("greedy rollout"):
             greedy = self._greedy_scores(problems) if self.algo.needs("greedy") else None
         ctx = self._advantage_context(batch, rew, rewards, scores, token_rewards, values, greedy)
-        adv = estimate_on_model_tokens(self.algo.estimator, ctx)  # observations (tools) left out
+        adv = self.algo.estimator(ctx)  # float64; tool observations packed out
         adv = dataclasses.replace(adv, advantages=self.algo.advantage_transform(adv.advantages))  # advantage_transform=
         # each rank trains on its own rows of the global advantages
         first, n, width = self.world.row_offset(batch.num_sequences), batch.num_sequences, batch.completion_mask.shape[1]
