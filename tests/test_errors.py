@@ -158,7 +158,7 @@ def test_jobs_of_different_configs_sharing_one_checkpoint_dir_are_refused(run_di
     config keys, and resume=<file> still continues from it on purpose."""
     import json
 
-    from harness.launch.run import config_key
+    from harness.launch.job import config_key
     from harness.launch.validate import ConfigError
     from tests.conftest import QUICK, compose, run_job
 

@@ -183,7 +183,7 @@ def test_a_job_already_running_in_its_folder_is_refused(run_dir):
     """Two processes never train one job at once (the same command started twice, or a concurrent
     multirun over train.steps alone): the second stops naming checkpoint.dir and the holder's pid;
     once the lock is released the job trains."""
-    from harness.launch.run import job_lock
+    from harness.launch.job import job_lock
     from harness.launch.validate import ConfigError
     from tests.conftest import run_job
 

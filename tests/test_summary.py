@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from harness.launch.run import next_commands, summarize, venv_command
+from harness.launch.summary import next_commands, summarize, venv_command
 
 
 class _Tracker:

@@ -27,7 +27,8 @@ from omegaconf import OmegaConf
 
 from harness.launch.config import Config, group_schemas, register_configs
 from harness.model.models import ModelLoadError
-from harness.launch.run import USER_ERRORS, config_key, train
+from harness.launch.job import config_key
+from harness.launch.run import USER_ERRORS, train
 from harness.tasks.data import DataError
 from harness.launch.tracking import TrackingError, artifact_path, resolve_uri
 

@@ -1,54 +1,54 @@
-"""Entry point: ``python -m harness.run [overrides] [-m]``.
+"""One training job: ``python -m harness.run [overrides] [-m]`` (the entry module :mod:`harness.run`).
 
 Builds everything from the Hydra config, validates it before any compute, and runs the
-trainer. User errors (bad config, missing data, unreachable tracking store, bad model path)
-print one clear line and exit with status 2, without a traceback.
+trainer. :func:`train` reads as its steps: lock and plan the job (:mod:`harness.launch.job`),
+build, open the tracking run, fit, close with the status, summarise
+(:mod:`harness.launch.summary`). User errors (bad config, missing data, unreachable tracking
+store, bad model path) print one clear line and exit with status 2, without a traceback.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import getpass
 import hashlib
 import json
 import logging
-import os
 import shlex
-import shutil
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Optional
 
 import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
-from mlflow.entities import Metric
 from omegaconf import OmegaConf
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from harness.train import checkpoint as ckpt
 from harness import progress
-from harness.launch import credentials
-from harness.train import distributed
-from harness.runtime import perf, provenance
-from harness.model import precision
-from harness.runtime import alloc
 from harness.algo import Algorithm, build_algorithm
+from harness.launch import credentials
 from harness.launch.config import register_configs
-from harness.train.critic import Critic
-from harness.train.distributed import train_device, world
-from harness.model.lora import ADAPTER_CONFIG, build_adapters
+from harness.launch.job import config_key, job_lock, plan_job
+from harness.launch.summary import report_finished, summarize
+from harness.launch.tracking import NullTracker, Tracker, TrackingError, flatten, resolve_uri
+from harness.launch.validate import ConfigError, validate
+from harness.model import precision
+from harness.model.lora import build_adapters
 from harness.model.models import ModelLoadError, dtype_of, keep_float64, load_causal_lm, load_tokenizer
 from harness.rollout import build_backend
 from harness.rollout.episode import EpisodeRollout
-from harness.tools import build_tool
+from harness.runtime import alloc, perf, provenance
 from harness.tasks import build_task
 from harness.tasks.data import DataError
-from harness.launch.tracking import (NullTracker, Tracker, TrackingError, _read_record, flatten, resolve_uri,
-                              shared_folder_message)
+from harness.tools import build_tool
+from harness.train import checkpoint as ckpt
+from harness.train import distributed
+from harness.train.critic import Critic
+from harness.train.distributed import World, train_device, world
 from harness.train.trainer import Trainer
-from harness.launch.validate import ConfigError, validate
 
 log = logging.getLogger("harness")
 register_configs()
@@ -56,26 +56,6 @@ credentials.install()  # before Hydra's launcher logs the overrides of each job
 
 USER_ERRORS = (ConfigError, FileNotFoundError)
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"  # absolute: main runs from harness.run, here or an installed script
-
-
-def config_key(cfg) -> str:
-    """A short hash of the config that defines the job: its identity (12 hex characters).
-
-    Excluded: ``tracking``, ``checkpoint``, ``resume``, ``output_dir`` and ``eval.initial_cache``
-    (where things are recorded, not what is trained) and, with ``train.lr_schedule=constant``, ``train.steps``:
-    then a longer job is the same job trained further (raising ``train.steps`` on a finished job
-    continues it), while with ``linear``/``cosine`` the lr of every step depends on
-    ``train.steps``, so another value is another job. Rerunning the same command gives the same
-    key, hence the same checkpoint folder (``checkpoints/<key>``) and MLflow run.
-    """
-    d = OmegaConf.to_container(cfg, resolve=True)
-    for k in ("tracking", "checkpoint", "resume", "output_dir"):
-        d.pop(k, None)
-    d.get("eval", {}).pop("initial_cache", None)  # where the step-0 eval is kept (harness.train.eval_cache)
-    train_cfg = d.get("train") or {}
-    if train_cfg.get("lr_schedule", "constant") == "constant":
-        train_cfg.pop("steps", None)
-    return hashlib.sha1(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
 def build_policy(cfg, tokenizer):
@@ -211,201 +191,6 @@ def _record_provenance(tracker, cfg, task, policy, rerun_of=None, recorded=None,
     return prov
 
 
-ALLOWED_TO_DIFFER = ("tracking.*", "checkpoint.*", "resume", "output_dir",
-                     "train.steps (with train.lr_schedule=constant)")
-"""The keys a rerun may change and still be the same job (:func:`config_key` leaves them out)."""
-
-
-@contextlib.contextmanager
-def job_lock(ckpt_dir: Path):
-    """Hold an exclusive lock on ``<ckpt_dir>/.lock`` (holding this process's pid) while the job runs.
-
-    Two processes must never train one job at once: they would write the same checkpoints and
-    MLflow run. That happens when the same command is started twice, or in a concurrent
-    multirun over ``train.steps`` alone (with a constant lr schedule, one job: see
-    :func:`config_key`). The lock is released when the process exits, however it exits.
-
-    Raises:
-        ConfigError: another live process holds the lock (naming ``checkpoint.dir`` and its pid).
-    """
-    ckpt_dir.mkdir(parents=True, exist_ok=True)
-    f = open(ckpt_dir / ".lock", "a+")
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        f.seek(0)
-        holder = f.read().strip() or "?"
-        f.close()
-        raise ConfigError(f"checkpoint.dir={ckpt_dir} is in use by another process (pid {holder}) training the "
-                          "same job; jobs that differ only in train.steps (train.lr_schedule=constant) are one job: "
-                          "run them one after the other (the longer continues the shorter) or give each its own "
-                          "checkpoint.dir") from None
-    try:
-        f.seek(0)
-        f.truncate()
-        f.write(str(os.getpid()))
-        f.flush()
-        yield
-    finally:
-        fcntl.flock(f, fcntl.LOCK_UN)
-        f.close()
-
-
-def plan_job(cfg, ckpt_dir: Path, key: str, tracker) -> tuple[dict, dict | None]:
-    """Rank 0's decision of what this job does, from ``resume``, the checkpoint folder and the store.
-
-    Returns ``(plan, state)``: ``state`` is the loaded checkpoint (None when training from
-    scratch) and ``plan`` a small dict every rank receives:
-
-    * ``{"do": "report", "path", "run_id", "status", "step", "accuracy"}``: the job is finished,
-      its final checkpoint (``finished``, at step >= ``train.steps``) names an MLflow run the
-      store still holds: nothing is trained, no run created, no metric logged (except the final
-      checkpoint's unsent metrics when a kill came before the run was closed).
-    * ``{"do": "train", "path": checkpoint or None, "extend_from": step or None}``: train from
-      scratch, resume a killed job, or train a finished one longer (``train.steps`` raised).
-
-    ``resume=never`` starts the job again: the folder's checkpoints and ``run.json`` are moved
-    aside (:func:`set_aside`) and a new MLflow run is created. A checkpoint whose MLflow run is
-    no longer in the store (deleted, or another ``tracking.uri``) is treated the same way: the
-    job reruns from scratch, with a warning. ``resume=auto`` is the default behaviour but
-    requires a checkpoint; ``resume=<file or folder>`` resumes from it on purpose (another
-    config's checkpoint included).
-
-    Raises:
-        ConfigError: the folder holds another config's job; ``train.steps`` is below the step an
-            unfinished checkpoint reached; training further from a finished marker that holds no
-            optimizer state (``checkpoint.keep_final=weights|none``: :func:`train_longer_refused`).
-        FileNotFoundError: ``resume=auto`` or ``resume=<path>`` finds no checkpoint.
-    """
-    mode = str(cfg.resume or "")
-    if mode == "never":
-        moved = set_aside(ckpt_dir, tracker, "resume=never")
-        if moved:
-            log.info("resume=never: the job starts again; its previous checkpoints and run record are in %s", moved)
-        return {"do": "train", "path": None}, None
-    explicit = mode not in ("", "auto")
-    path = Path(mode) if explicit else ckpt.latest(ckpt_dir)
-    if path is None:
-        if mode == "auto":
-            ckpt.load(ckpt_dir)  # raises, naming the folder
-        return {"do": "train", "path": None}, None
-    state = ckpt.load(path)
-    path = ckpt.latest(path) if Path(path).is_dir() else Path(path)
-    if not explicit and state.get("config_key") not in (None, key):
-        raise ConfigError(shared_folder_message(ckpt_dir, state["config_key"], key))
-    run = tracker.find_run(state.get("run_id"))
-    if run is None and not explicit:
-        moved = set_aside(ckpt_dir, tracker, f"MLflow run {state.get('run_id')} is no longer in the store")
-        log.warning("checkpoint %s belongs to MLflow run %s, which %s no longer holds (deleted): the job "
-                     "starts again in a new run; its old checkpoints and run record are in %s",
-                     path, state.get("run_id"), credentials.redact(tracker.uri), moved)
-        return {"do": "train", "path": None}, None
-    steps = int(cfg.train.steps)
-    if state.get("finished") and state["step"] >= steps and run is not None:
-        last = run.data.metrics
-        return {"do": "report", "path": str(path), "run_id": state.get("run_id"), "step": state["step"],
-                "status": run.info.status,
-                "accuracy": float(last.get("eval/accuracy", float("nan")))}, state
-    if state["step"] >= steps and not state.get("finished"):
-        raise ConfigError(f"train.steps={steps} is below the step {state['step']} that the job's checkpoint {path} "
-                          f"reached (unfinished): pass train.steps>={state['step']} to finish it, or resume=never "
-                          "to start the job again")
-    if not ckpt.has_model_states(state):  # a finished marker (checkpoint.keep_final=weights|none)
-        raise ConfigError(train_longer_refused(state, path, steps))
-    plan = {"do": "train", "path": str(path)}
-    if state.get("finished"):  # train longer: the same run continues from the final checkpoint
-        plan.update(extend_from=int(state["step"]),
-                    extended_before=(run.data.tags.get("harness.extended_from") if run is not None else None))
-    return plan, state
-
-
-def train_longer_refused(state: dict, path: Path, steps: int) -> str:
-    """The error for training a finished job further from a marker that holds no optimizer state."""
-    kept = state.get("keep_final", "weights")
-    return (f"train.steps={steps} would train the finished job further from step {state['step']}, but its final "
-            f"checkpoint {path} was kept with checkpoint.keep_final={kept} (no optimizer state to continue from). "
-            "Training longer needs checkpoint.keep_final=full from the start: rerun the job with resume=never "
-            f"checkpoint.keep_final=full train.steps={steps} (a new MLflow run; the old checkpoints move to "
-            "superseded/), or start fresh in another checkpoint.dir")
-
-
-def set_aside(ckpt_dir: Path, tracker, reason: str) -> Path | None:
-    """Move the job's checkpoints and ``run.json`` into ``<ckpt_dir>/superseded/<UTC time>/`` so the
-    job starts again in that folder without deleting anything; returns that folder (None when
-    there was nothing to move). A run the record names that is still RUNNING (a killed attempt)
-    is closed KILLED with the tag ``harness.closed_reason``."""
-    files = ckpt.list_checkpoints(ckpt_dir) + [p for p in (ckpt_dir / "run.json", ckpt_dir / ckpt.FINAL_WEIGHTS)
-                                               if p.exists()]
-    if not files:
-        return None
-    rec = _read_record(ckpt_dir / "run.json") or {}
-    old = tracker.find_run(rec.get("run_id"))
-    if old is not None and old.info.status == "RUNNING":
-        tracker.close_run(old.info.run_id, "KILLED", {"harness.closed_reason": f"the job started again ({reason})"})
-    dest = ckpt_dir / "superseded" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    n = 0
-    while dest.exists():
-        n += 1
-        dest = dest.with_name(f"{dest.name.split('-')[0]}-{n}")
-    dest.mkdir(parents=True)
-    for f in files:
-        os.replace(f, dest / f.name)
-    return dest
-
-
-def report_finished(cfg, tracker, state: dict, plan: dict, ckpt_dir: Path, on_eval=None) -> float:
-    """Say that the job is already done and how to go on; returns its final eval accuracy.
-
-    The run is reopened only when it was not closed FINISHED (a kill in the shutdown window,
-    after the final checkpoint): the checkpoint's unsent metrics are sent unless the run holds
-    them, and the run is closed FINISHED. ``on_eval`` (a sweep's objective) is called once with
-    the final eval's metrics as the run records them.
-    """
-    run_id = plan["run_id"]
-    head = "this job is already finished; nothing was trained or logged"
-    if plan["status"] != "FINISHED":
-        tracker.start(run_id=run_id)
-        tracker.extend([Metric(k, v, ts, st) for k, v, ts, st in state.get("pending_metrics") or []])
-        tracker.set_tags({"harness.closed_by_rerun": "the final checkpoint was written; the run was not closed"})
-        tracker.end("FINISHED")
-        head = (f"this job is already finished; nothing was trained (its MLflow run was still {plan['status']} "
-                "after the final checkpoint: the metrics that checkpoint held and the run lacked were sent, and "
-                "the run is now closed FINISHED)")
-    else:
-        tracker.run_id = run_id
-    run = tracker.client.get_run(run_id)
-    metrics, tags = run.data.metrics, run.data.tags
-    if on_eval is not None:
-        on_eval(int(plan["step"]), {k: v for k, v in metrics.items() if k.startswith("eval/")})
-    nan = float("nan")
-    lines = [
-        f"== grpo-harness: {head} ==",
-        f"MLflow run    : {run_id} (FINISHED, {tracker.uri})",
-        f"steps         : {plan['step']} (train.steps={cfg.train.steps}); final checkpoint {plan['path']}"
-        f" (checkpoint.keep_final={state.get('keep_final', 'full')})",
-        f"eval accuracy : {metrics.get('eval/accuracy', nan):.3f}   format rate {metrics.get('eval/format_rate', nan):.3f}"
-        f"   train reward (last step) {metrics.get('train/reward_mean', nan):.3f}",
-        f"outputs       : {tags.get('output_dir', '?')}",
-        f"checkpoints   : {ckpt_dir}",
-        *final_weights_line(ckpt_dir),
-        "To go on:",
-        "  start again  : the same command with resume=never (the checkpoints and run.json move to "
-        f"{ckpt_dir}/superseded/<time>/; a new MLflow run), or another checkpoint.dir",
-    ]
-    if cfg.train.lr_schedule == "constant" and not ckpt.has_model_states(state):
-        lines.append(f"  train longer : not from this folder: checkpoint.keep_final={state.get('keep_final')} kept no "
-                     "optimizer state; run the job with resume=never checkpoint.keep_final=full to be able to")
-    elif cfg.train.lr_schedule == "constant":
-        lines.append(f"  train longer : train.steps=<more than {plan['step']}> continues from the final checkpoint "
-                     "in the same MLflow run")
-    else:
-        lines.append(f"  train longer : with train.lr_schedule={cfg.train.lr_schedule} the lr of every step depends "
-                     "on train.steps, so another train.steps is another job (its own folder and run)")
-    lines.append(f"  the same job : only {', '.join(ALLOWED_TO_DIFFER)} may differ; any other change is another job")
-    print(progress.prefixed(credentials.redact("\n".join(lines))), flush=True)
-    return float(metrics.get("eval/accuracy", nan))
-
-
 def train(cfg, on_eval=None, on_step=None, rerun_of: str | None = None, recorded: dict | None = None) -> float:
     """Run one job; returns the final eval accuracy (the sweep objective).
 
@@ -429,157 +214,201 @@ def train(cfg, on_eval=None, on_step=None, rerun_of: str | None = None, recorded
 
 
 def _train(cfg, held: contextlib.ExitStack, on_eval, on_step, rerun_of, recorded) -> float:
-    """:func:`train`'s body; ``held`` keeps :func:`job_lock` until the job ends."""
+    """:func:`train`'s steps, in order; ``held`` keeps :func:`job_lock` until the job ends."""
     prepare(cfg)
-    w = world()
+    job = _locate(cfg)
+    _lock_and_plan(job, held)
+    if job.plan["do"] == "report":
+        return _report(job, on_eval)
+    state = _checkpoint_state(job)
+    built = _build(job, on_eval, on_step)
+    _start_tracking(job, built, state, rerun_of, recorded)
+    history = _fit(job, built)
+    return _final_accuracy(job, history)
+
+
+@dataclass
+class _Job:
+    """One job: where it lives and what rank 0 decided for it (every rank holds the same plan)."""
+
+    cfg: Any
+    world: World
+    key: str  # config_key(cfg)
+    output_dir: Path
+    launch_dir: Path
+    ckpt_dir: Path
+    tracker: Any = field(default_factory=NullTracker)  # rank 0's Tracker; the other ranks log nothing
+    plan: dict = field(default_factory=dict)  # plan_job's decision
+    found: Optional[dict] = None  # the checkpoint rank 0 loaded while planning
+
+
+@dataclass
+class _Built:
+    """The trained objects, and what the run's record needs from their building."""
+
+    trainer: Trainer
+    task: Any
+    policy: Any  # as built, before the Trainer wraps or shards it
+    backend: Any
+    setup_times: dict
+    weights_sha256: Optional[str]
+
+
+def _locate(cfg) -> _Job:
+    """The job's key and folders: Hydra's output folder, the launch folder, the checkpoint folder."""
     output_dir, launch_dir = _hydra_dirs(cfg)
     key = config_key(cfg)
-    ckpt_dir = Path(cfg.checkpoint.dir or launch_dir / "checkpoints" / key)
-    # Tracking first: an unreachable store is an error before any compute, and the store says
-    # whether a finished checkpoint's run is still there. Rank 0 decides; every rank follows.
-    tracker = NullTracker()
+    return _Job(cfg, world(), key, output_dir, launch_dir, Path(cfg.checkpoint.dir or launch_dir / "checkpoints" / key))
+
+
+def _lock_and_plan(job: _Job, held: contextlib.ExitStack) -> None:
+    """Rank 0 opens the tracking store, locks the job's folder and plans (:func:`plan_job`); every
+    rank receives the plan. The store comes first: an unreachable one is an error before any
+    compute, and it says whether a finished checkpoint's run is still there.
+
+    Raises:
+        ConfigError: on the other ranks, when rank 0 failed (its message is in rank 0's output).
+    """
+    w = job.world
     plan, found = None, None
     if w.is_main:
         try:
-            uri = resolve_uri(cfg.tracking.uri)
-            credentials.warn_inline("tracking.uri", uri)
-            if uri.startswith("sqlite:///") and not Path(uri[10:]).is_absolute():
-                uri = "sqlite:///" + str(launch_dir / uri[10:])
-            tracker = Tracker(uri, cfg.tracking.experiment)
-            held.enter_context(job_lock(ckpt_dir))
-            plan, found = plan_job(cfg, ckpt_dir, key, tracker)
+            job.tracker = _open_store(job)
+            held.enter_context(job_lock(job.ckpt_dir))
+            plan, found = plan_job(job.cfg, job.ckpt_dir, job.key, job.tracker)
         except BaseException as e:  # the other ranks must not wait for a decision that never comes
             w.broadcast_object({"error": f"{type(e).__name__} on rank 0"})
             raise
-    plan = w.broadcast_object(plan)
-    if "error" in plan:
-        raise ConfigError(f"stopped: {plan['error']} (its message is in rank 0's output)")
-    if plan["do"] == "report":
-        acc = plan.get("accuracy", float("nan"))
-        if w.is_main:
-            acc = report_finished(cfg, tracker, found, plan, ckpt_dir, on_eval)
-        return acc
-    state = None
-    if plan["path"] is not None:
-        state = found if w.is_main else ckpt.load(plan["path"])
-        if w.is_main:
-            log.info("resuming from %s (step %d)", plan["path"], state["step"])
+    job.plan, job.found = w.broadcast_object(plan), found
+    if "error" in job.plan:
+        raise ConfigError(f"stopped: {job.plan['error']} (its message is in rank 0's output)")
+
+
+def _open_store(job: _Job) -> Tracker:
+    """The ``tracking.uri`` store (a relative sqlite path is relative to the launch folder)."""
+    uri = resolve_uri(job.cfg.tracking.uri)
+    credentials.warn_inline("tracking.uri", uri)
+    if uri.startswith("sqlite:///") and not Path(uri[10:]).is_absolute():
+        uri = "sqlite:///" + str(job.launch_dir / uri[10:])
+    return Tracker(uri, job.cfg.tracking.experiment)
+
+
+def _report(job: _Job, on_eval) -> float:
+    """A finished job: rank 0 reports it (:func:`report_finished`); nothing is trained."""
+    if not job.world.is_main:
+        return job.plan.get("accuracy", float("nan"))
+    return report_finished(job.cfg, job.tracker, job.found, job.plan, job.ckpt_dir, on_eval)
+
+
+def _checkpoint_state(job: _Job) -> Optional[dict]:
+    """The checkpoint the plan resumes from (rank 0 loaded it while planning), or None."""
+    if job.plan["path"] is None:
+        return None
+    if not job.world.is_main:
+        return ckpt.load(job.plan["path"])
+    log.info("resuming from %s (step %d)", job.plan["path"], job.found["step"])
+    return job.found
+
+
+def _build(job: _Job, on_eval, on_step) -> _Built:
+    """The algorithm, the components (:func:`build_components`) and the :class:`Trainer`."""
+    cfg = job.cfg
     # the process's age before its first model: interpreter, imports, composition (a multirun's later jobs: its earlier jobs too)
     setup_times = {"time/process_age_s": perf.process_age_s()}
     algo = build_algorithm(cfg)  # once, after prepare() has resolved train.precision=auto
     task, tokenizer, policy, critic, backend = build_components(cfg, algo, times=setup_times)
     weights_sha256 = None
-    if w.is_main and cfg.train.sharding != "none":  # hashed whole, before the Trainer shards it
+    if job.world.is_main and cfg.train.sharding != "none":  # hashed whole, before the Trainer shards it
         weights_sha256 = provenance.state_dict_sha256(policy)
-    trainer = Trainer(cfg, task, tokenizer, policy, backend, tracker, critic=critic, checkpoint_dir=ckpt_dir,
-                      on_eval=on_eval, on_step=on_step, config_key=key, algorithm=algo)
-    how = None
-    if w.is_main:
-        how = tracker.open(ckpt_dir / "run.json", cfg.tracking.run_name or default_run_name(cfg),
-                           resume_id=state["run_id"] if state else None, config_key=key)
-        tracker.set_tags({"harness.train_steps": cfg.train.steps})  # MLflow params cannot change: see extend
-        if plan.get("extend_from") is not None:
-            log.info("training longer: train.steps %d -> %d in MLflow run %s", plan["extend_from"], cfg.train.steps,
-                     tracker.run_id)
-            tracker.set_tags({"harness.extended_from": ",".join(filter(None, (plan.get("extended_before"),
-                                                                              str(plan["extend_from"]))))})
-    how = w.broadcast_object(how)
-    if how == "resumed":
-        trainer.load_state_dict(state)
+    trainer = Trainer(cfg, task, tokenizer, policy, backend, job.tracker, critic=critic, checkpoint_dir=job.ckpt_dir,
+                      on_eval=on_eval, on_step=on_step, config_key=job.key, algorithm=algo)
+    return _Built(trainer, task, policy, backend, setup_times, weights_sha256)
+
+
+def _start_tracking(job: _Job, built: _Built, state: Optional[dict], rerun_of, recorded) -> None:
+    """Open the job's MLflow run on rank 0 (:meth:`Tracker.open`: new, resumed, or adopted from a
+    killed attempt). A resumed run loads the trainer's state; any other run records what it does
+    not hold yet (:func:`_record_new_run`). Then the system metrics start, if asked for."""
+    how = _open_run(job, state) if job.world.is_main else None
+    if job.world.broadcast_object(how) == "resumed":
+        built.trainer.load_state_dict(state)
     else:  # a new run, or one adopted from a killed attempt: what it already holds is not sent again
-        resolved = OmegaConf.to_container(cfg, resolve=True)
-        tracker.log_params(flatten(resolved))
-        tracker.set_tags({
-            "estimator": cfg.advantage.name, "group_size": cfg.group_size, "task": cfg.task.name,
-            "model": cfg.model.name_or_path if not cfg.model.tiny_config else "tiny-random",
-            "seed": cfg.seed, "config_key": key,
-            "output_dir": str(output_dir), "world_size": w.world_size,
-            "process_group": w.backend or "none",  # torchrun joins one even of one rank (harness.train.distributed.init)
-            "device": str(next(policy.parameters()).device),  # where the models trained (model.device)
-            **({f"precision.auto.{k}": v for k, v in precision.LAST_PROBE.items()} if precision.LAST_PROBE else {}),
-            **{f"malloc.{k}": v for k, v in alloc.APPLIED.items()},  # allocator thresholds set at startup
-            **({"sweep": cfg.tracking.sweep} if cfg.tracking.sweep else {}),
-        })
-        tracker.log_text(OmegaConf.to_yaml(cfg, resolve=True), "config/resolved.yaml")
-        if w.is_main:
-            _record_provenance(tracker, cfg, task, policy, rerun_of, recorded, weights_sha256)
-        tracker.log_metrics({"data/skipped_rows": task.skipped_rows, "data/unparseable_golds": task.unparseable_golds,
-                             **{k: v for k, v in setup_times.items() if v is not None}}, step=0)
-    if cfg.tracking.system_metrics:
-        tracker.start_system_metrics(cfg.tracking.system_metrics_interval_s)
+        _record_new_run(job, built, rerun_of, recorded)
+    if job.cfg.tracking.system_metrics:
+        job.tracker.start_system_metrics(job.cfg.tracking.system_metrics_interval_s)
+
+
+def _open_run(job: _Job, state: Optional[dict]) -> str:
+    """Rank 0 opens the run (how: ``new``, ``resumed``, ...) and tags its ``train.steps`` and, when
+    the job trains longer, the steps it was extended from."""
+    cfg, tracker, plan = job.cfg, job.tracker, job.plan
+    how = tracker.open(job.ckpt_dir / "run.json", cfg.tracking.run_name or default_run_name(cfg),
+                       resume_id=state["run_id"] if state else None, config_key=job.key)
+    tracker.set_tags({"harness.train_steps": cfg.train.steps})  # MLflow params cannot change: see extend
+    if plan.get("extend_from") is not None:
+        log.info("training longer: train.steps %d -> %d in MLflow run %s", plan["extend_from"], cfg.train.steps,
+                 tracker.run_id)
+        tracker.set_tags({"harness.extended_from": ",".join(filter(None, (plan.get("extended_before"),
+                                                                          str(plan["extend_from"]))))})
+    return how
+
+
+def _record_new_run(job: _Job, built: _Built, rerun_of, recorded) -> None:
+    """A new run's params (the resolved config), tags, ``config/resolved.yaml``, provenance and
+    step-0 metrics (data counts, setup times)."""
+    cfg, tracker = job.cfg, job.tracker
+    tracker.log_params(flatten(OmegaConf.to_container(cfg, resolve=True)))
+    tracker.set_tags(_run_tags(job, built.policy))
+    tracker.log_text(OmegaConf.to_yaml(cfg, resolve=True), "config/resolved.yaml")
+    if job.world.is_main:
+        _record_provenance(tracker, cfg, built.task, built.policy, rerun_of, recorded, built.weights_sha256)
+    tracker.log_metrics({"data/skipped_rows": built.task.skipped_rows,
+                         "data/unparseable_golds": built.task.unparseable_golds,
+                         **{k: v for k, v in built.setup_times.items() if v is not None}}, step=0)
+
+
+def _run_tags(job: _Job, policy) -> dict:
+    """The run's tags: its main choices, identity, layout and the process settings chosen at startup."""
+    cfg, w = job.cfg, job.world
+    return {
+        "estimator": cfg.advantage.name, "group_size": cfg.group_size, "task": cfg.task.name,
+        "model": cfg.model.name_or_path if not cfg.model.tiny_config else "tiny-random",
+        "seed": cfg.seed, "config_key": job.key,
+        "output_dir": str(job.output_dir), "world_size": w.world_size,
+        "process_group": w.backend or "none",  # torchrun joins one even of one rank (harness.train.distributed.init)
+        "device": str(next(policy.parameters()).device),  # where the models trained (model.device)
+        **({f"precision.auto.{k}": v for k, v in precision.LAST_PROBE.items()} if precision.LAST_PROBE else {}),
+        **{f"malloc.{k}": v for k, v in alloc.APPLIED.items()},  # allocator thresholds set at startup
+        **({"sweep": cfg.tracking.sweep} if cfg.tracking.sweep else {}),
+    }
+
+
+def _fit(job: _Job, built: _Built) -> dict:
+    """Train (:meth:`Trainer.fit`) and close the run with its status: FINISHED; KILLED when
+    interrupted or pruned (after a checkpoint, on one process only: data-parallel, it needs every
+    rank and another may be gone); FAILED otherwise. The rollout engine closes either way."""
     status = "FAILED"
     try:
-        history = trainer.fit()
+        history = built.trainer.fit()
         status = "FINISHED"
     except BaseException as e:  # interrupted or pruned: keep what was computed
-        # (data-parallel: no checkpoint here, it needs every rank and another may be gone)
-        if (isinstance(e, KeyboardInterrupt) or type(e).__name__ == "TrialPruned") and not w.distributed:
-            trainer.save_checkpoint()
-            tracker.flush()
+        if (isinstance(e, KeyboardInterrupt) or type(e).__name__ == "TrialPruned") and not job.world.distributed:
+            built.trainer.save_checkpoint()
+            job.tracker.flush()
             status = "KILLED"
         raise
     finally:
-        tracker.end(status)
-        if hasattr(backend, "close"):  # a vLLM engine, before the process group goes (run.main)
-            backend.close()
-    if not w.is_main:
+        job.tracker.end(status)
+        if hasattr(built.backend, "close"):  # a vLLM engine, before the process group goes (run.main)
+            built.backend.close()
+    return history
+
+
+def _final_accuracy(job: _Job, history: dict) -> float:
+    """The final eval accuracy; rank 0 prints the summary (:func:`summarize`)."""
+    if not job.world.is_main:
         return float(history[max(history)].get("eval/accuracy", float("nan"))) if history else float("nan")
-    return summarize(history, tracker, output_dir, ckpt_dir)
-
-
-def venv_command(name: str) -> str:
-    """How to call ``name`` (``python``, ``mlflow``) of this interpreter's environment from a fresh
-    shell: its path (relative to the working directory when under it, e.g. ``.venv/bin/mlflow``),
-    or the bare name when it is what the shell's PATH finds anyway or the environment lacks it."""
-    exe = Path(sys.executable)
-    path = exe if name == "python" else exe.parent / name
-    if not path.exists() or shutil.which(name) == str(path):
-        return name
-    try:
-        return str(path.relative_to(Path.cwd()))
-    except ValueError:
-        return str(path)
-
-
-def next_commands(uri: str) -> list[str]:
-    """The summary's last lines: how to look at this run, and how to compare it with others, as
-    commands that work in a new shell (the virtual environment's own ``mlflow`` and ``python``)."""
-    where = f"--tracking-uri {uri}"
-    return [f"look at it    : {venv_command('mlflow')} ui --backend-store-uri {uri}   (then open http://127.0.0.1:5000)",
-            f"compare runs  : {venv_command('python')} -m analysis.report {where} "
-            "[--sweep ID --a estimator=grpo --b estimator=rloo]   (-> reports/)"]
-
-
-def final_weights_line(ckpt_dir: Path) -> list[str]:
-    """The summary line naming a finished run's final weights folder (none when it was not kept)."""
-    final = Path(ckpt_dir) / ckpt.FINAL_WEIGHTS
-    if not final.is_dir():
-        return []
-    if (final / ADAPTER_CONFIG).is_file():
-        return [f"final weights : {final}   (a peft adapter folder: lora=peft lora.adapter_path={final} starts a run "
-                "from it on its base model; peft.PeftModel.from_pretrained(base, folder) loads it)"]
-    return [f"final weights : {final}   (a model folder: model.name_or_path={final} loads it)"]
-
-
-def summarize(history: dict, tracker, output_dir: Path, ckpt_dir: Path) -> float:
-    """Print before/after accuracy, reward trend and where the outputs are; return final accuracy."""
-    steps = sorted(history)
-    evals = [(s, history[s]) for s in steps if "eval/accuracy" in history[s]]
-    first, last = evals[0][1] if evals else {}, evals[-1][1] if evals else {}
-    rewards = [history[s]["train/reward_mean"] for s in steps if "train/reward_mean" in history[s]]
-    half = max(1, len(rewards) // 2)
-    lines = [
-        "== grpo-harness summary ==",
-        f"eval accuracy : {first.get('eval/accuracy', float('nan')):.3f} -> {last.get('eval/accuracy', float('nan')):.3f}",
-        f"format rate   : {first.get('eval/format_rate', float('nan')):.3f} -> {last.get('eval/format_rate', float('nan')):.3f}",
-    ]
-    if rewards:
-        lines.append(f"train reward  : first half mean {sum(rewards[:half]) / half:.3f}, "
-                     f"second half mean {sum(rewards[half:]) / max(1, len(rewards) - half):.3f}")
-    lines += [f"MLflow run    : {tracker.run_id} ({tracker.uri})", f"outputs       : {output_dir}",
-              f"checkpoints   : {ckpt_dir}", *final_weights_line(ckpt_dir), *next_commands(tracker.uri)]
-    print(progress.prefixed(credentials.redact("\n".join(lines))), flush=True)
-    return float(last.get("eval/accuracy", float("nan")))
+    return summarize(history, job.tracker, job.output_dir, job.ckpt_dir)
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")

@@ -90,7 +90,8 @@ from harness.launch.config import register_configs
 from harness.launch.credentials import install as _redact_logs
 from harness.launch.credentials import redact, redact_obj, warn_inline
 from harness.model.models import ModelLoadError
-from harness.launch.run import USER_ERRORS, config_key, train
+from harness.launch.job import config_key
+from harness.launch.run import USER_ERRORS, train
 from harness.launch.sweep_spec import CONF_DIR, Sweep, SweepError, TrialFailed, load_sweep
 from harness.tasks.data import DataError
 from harness.launch.tracking import TrackingError, resolve_uri

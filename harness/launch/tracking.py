@@ -195,12 +195,12 @@ class Tracker:
           that is not FINISHED (nor deleted) is reopened: ``"adopted"``; the job restarts from its
           beginning and whatever the run already holds is not sent again;
         * else a new run is created: ``"new"`` (a finished run is never adopted: a finished job
-          is reported by :func:`harness.launch.run.plan_job` before a run is opened).
+          is reported by :func:`harness.launch.job.plan_job` before a run is opened).
 
         A recorded run that is left behind while still RUNNING is closed as KILLED with the tag
         ``harness.superseded_by``. Returns ``"new"``, ``"adopted"`` or ``"resumed"``.
 
-        ``config_key`` (:func:`harness.launch.run.config_key`) is written into the record; a record of
+        ``config_key`` (:func:`harness.launch.job.config_key`) is written into the record; a record of
         another key (another config's job writes into the same folder) is never adopted.
 
         Raises:

@@ -93,7 +93,7 @@ class Trainer:
         checkpoint_dir: where checkpoints go.
         on_eval: optional ``fn(step, metrics)`` called after each evaluation.
         on_step: optional ``fn(record: StepRecord)`` called after each step's metrics are complete.
-        config_key: the run's :func:`harness.launch.run.config_key`, stored in each checkpoint.
+        config_key: the run's :func:`harness.launch.job.config_key`, stored in each checkpoint.
         algorithm: the run's :class:`harness.algo.Algorithm` (built from ``cfg`` when None).
 
     The algorithm (estimator, policy loss, aggregation, KL, rollout correction, group filter) is
