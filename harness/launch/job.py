@@ -45,9 +45,11 @@ def config_key(cfg) -> str:
         train_cfg.pop("steps", None)
     return hashlib.sha1(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
+
 ALLOWED_TO_DIFFER = ("tracking.*", "checkpoint.*", "resume", "output_dir",
                      "train.steps (with train.lr_schedule=constant)")
 """The keys a rerun may change and still be the same job (:func:`config_key` leaves them out)."""
+
 
 @contextlib.contextmanager
 def job_lock(ckpt_dir: Path):
@@ -82,6 +84,7 @@ def job_lock(ckpt_dir: Path):
     finally:
         fcntl.flock(f, fcntl.LOCK_UN)
         f.close()
+
 
 def plan_job(cfg, ckpt_dir: Path, key: str, tracker) -> tuple[dict, dict | None]:
     """Rank 0's decision of what this job does, from ``resume``, the checkpoint folder and the store.
@@ -150,6 +153,7 @@ def plan_job(cfg, ckpt_dir: Path, key: str, tracker) -> tuple[dict, dict | None]
                     extended_before=(run.data.tags.get("harness.extended_from") if run is not None else None))
     return plan, state
 
+
 def train_longer_refused(state: dict, path: Path, steps: int) -> str:
     """The error for training a finished job further from a marker that holds no optimizer state."""
     kept = state.get("keep_final", "weights")
@@ -158,6 +162,7 @@ def train_longer_refused(state: dict, path: Path, steps: int) -> str:
             "Training longer needs checkpoint.keep_final=full from the start: rerun the job with resume=never "
             f"checkpoint.keep_final=full train.steps={steps} (a new MLflow run; the old checkpoints move to "
             "superseded/), or start fresh in another checkpoint.dir")
+
 
 def set_aside(ckpt_dir: Path, tracker, reason: str) -> Path | None:
     """Move the job's checkpoints and ``run.json`` into ``<ckpt_dir>/superseded/<UTC time>/`` so the

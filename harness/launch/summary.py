@@ -67,6 +67,7 @@ def report_finished(cfg, tracker, state: dict, plan: dict, ckpt_dir: Path, on_ev
     print(progress.prefixed(credentials.redact("\n".join(lines))), flush=True)
     return float(metrics.get("eval/accuracy", nan))
 
+
 def venv_command(name: str) -> str:
     """How to call ``name`` (``python``, ``mlflow``) of this interpreter's environment from a fresh
     shell: its path (relative to the working directory when under it, e.g. ``.venv/bin/mlflow``),
@@ -80,6 +81,7 @@ def venv_command(name: str) -> str:
     except ValueError:
         return str(path)
 
+
 def next_commands(uri: str) -> list[str]:
     """The summary's last lines: how to look at this run, and how to compare it with others, as
     commands that work in a new shell (the virtual environment's own ``mlflow`` and ``python``)."""
@@ -87,6 +89,7 @@ def next_commands(uri: str) -> list[str]:
     return [f"look at it    : {venv_command('mlflow')} ui --backend-store-uri {uri}   (then open http://127.0.0.1:5000)",
             f"compare runs  : {venv_command('python')} -m analysis.report {where} "
             "[--sweep ID --a estimator=grpo --b estimator=rloo]   (-> reports/)"]
+
 
 def final_weights_line(ckpt_dir: Path) -> list[str]:
     """The summary line naming a finished run's final weights folder (none when it was not kept)."""
@@ -97,6 +100,7 @@ def final_weights_line(ckpt_dir: Path) -> list[str]:
         return [f"final weights : {final}   (a peft adapter folder: lora=peft lora.adapter_path={final} starts a run "
                 "from it on its base model; peft.PeftModel.from_pretrained(base, folder) loads it)"]
     return [f"final weights : {final}   (a model folder: model.name_or_path={final} loads it)"]
+
 
 def summarize(history: dict, tracker, output_dir: Path, ckpt_dir: Path) -> float:
     """Print before/after accuracy, reward trend and where the outputs are; return final accuracy."""
