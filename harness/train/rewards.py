@@ -126,3 +126,25 @@ def process_step_rewards(task, tokenizer, texts, completion_ids, mask, outcome: 
             steps.append((n - 1, float(outcome[b])))
         out.append(steps)
     return out
+
+
+def select_rewards(rew: RewardOutput, rows) -> RewardOutput:  # cpu: rewards live with the CPU rollout batch
+    """The rows ``rows`` of each component."""
+    idx = torch.as_tensor(rows, dtype=torch.long)
+    return RewardOutput(rew.rewards[idx], rew.correct[idx], rew.formatted[idx], rew.overlong[idx], rew.verifier)
+
+
+def empty_rewards() -> RewardOutput:  # cpu: rewards live with the CPU rollout batch
+    """No rows (a rank whose groups were all filtered out)."""
+    z = torch.zeros(0)
+    return RewardOutput(z, z.clone(), z.clone(), z.clone(), {"verifier/timeouts": 0, "verifier/errors": 0})
+
+
+def cat_rewards(rews) -> RewardOutput:
+    """The rows of ``rews`` in order; the verifier counts summed."""
+    verifier: dict = {}
+    for r in rews:
+        for k in ("verifier/timeouts", "verifier/errors"):
+            verifier[k] = verifier.get(k, 0) + r.verifier.get(k, 0)
+    return RewardOutput(*(torch.cat([getattr(r, f) for r in rews]) for f in ("rewards", "correct", "formatted", "overlong")),
+                        verifier)

@@ -9,7 +9,6 @@ import dataclasses
 import json
 import logging
 import math
-import shutil
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -17,23 +16,23 @@ from pathlib import Path
 from typing import Optional
 
 import torch
-from mlflow.entities import Metric
 
-from harness.train import checkpoint as ckpt
-from harness.algo import Algorithm, AdvantageContext, build_algorithm, mismatch_stats
 from harness import progress
+from harness.algo import AdvantageContext, Algorithm, build_algorithm, mismatch_stats
+from harness.model.lora import build_adapters, trainable_fraction, trainable_parameters
+from harness.model.precision import compute_dtype
+from harness.rollout import RolloutBatch
+from harness.runtime.health import HealthMonitor
+from harness.runtime.perf import PeakMemory
 from harness.train import distributed, eval_cache
+from harness.train.collect import CollectMixin
 from harness.train.distributed import full_weights, world
 from harness.train.evaluation import BY_OUTCOME, completion_len_by_outcome, evaluate
-from harness.runtime.health import HealthMonitor
-from harness.model.lora import build_adapters, trainable_fraction, trainable_parameters
 from harness.train.overlap import OverlappedRollout
-from harness.runtime.perf import PeakMemory
-from harness.model.precision import compute_dtype
-from harness.train.rewards import RewardOutput, compute_rewards, process_step_rewards, shape_rewards
-from harness.rollout import RolloutBatch, SamplingParams, concat_batches, empty_batch
+from harness.train.rewards import RewardOutput, process_step_rewards, shape_rewards
 from harness.train.staleness import LaggedPolicy
 from harness.train.step_metrics import StepOutputs, step_metrics
+from harness.train.trainer_checkpoint import CheckpointMixin
 from harness.train.update import TrainBatch, batched_logprobs, padding_waste, policy_pass
 
 log = logging.getLogger(__name__)
@@ -83,7 +82,7 @@ def lr_lambda(schedule: str, warmup: int, total: int):
     return fn
 
 
-class Trainer:
+class Trainer(CollectMixin, CheckpointMixin):
     """Owns the models, optimizers and loop state of one run.
 
     Args:
@@ -104,6 +103,10 @@ class Trainer:
     prompts; the estimator, the loss normalisers, the gradient and the metrics are those of the
     global batch, so a step equals the one-process step on the same prompts. Only rank 0 has a
     real ``tracker`` and writes checkpoints (holding every rank's RNG state).
+
+    Collecting the step's batch (:class:`harness.train.collect.CollectMixin`) and the checkpoint
+    (:class:`harness.train.trainer_checkpoint.CheckpointMixin`) are methods of this class kept in
+    their own modules.
     """
 
     def __init__(self, cfg, task, tokenizer, policy, backend, tracker, critic=None, checkpoint_dir=None,
@@ -159,113 +162,10 @@ class Trainer:
         self.health = HealthMonitor()
         self._last: Optional[StepRecord] = None
 
-    # ------------------------------------------------------------------- rollout
-    def _sampling(self, data_pos: Optional[int] = None) -> SamplingParams:
-        """Training sampling, seeded by (``seed``, data position; default: :attr:`data_pos`): each draw
-        of prompts gets its own seed, the same after a resume and whatever ``rollout.batch_size`` or
-        prefix sharing is."""
-        r, pos = self.cfg.rollout, self.data_pos if data_pos is None else data_pos
-        return SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens,
-                              seed=self.cfg.seed * 1_000_003 + pos)
 
-    def collect(self):
-        """Sample P prompts x G completions, score them and apply the group filter
-        (``group_filter=<name>``; DAPO's dynamic sampling resamples dropped groups).
 
-        Data-parallel: each round's prompts are split into contiguous per-rank shares
-        (:meth:`harness.train.distributed.World.shard`); a rank samples its rows with the row offsets
-        they have in the whole draw, so a completion does not depend on the number of ranks, and
-        the filter's decisions (groups kept, another round, the fallback) use global counts.
 
-        Returns:
-            (this rank's rollout batch, its reward output, its problems, info dict with global counts).
-        """
-        with full_weights(self.policy):  # sharded: every rank gathers the weights, even one with no prompts
-            batch, rew, problems, info, self.data_pos = self._collect(self.data_pos)
-        return batch, rew, problems, info
 
-    def _collect(self, data_pos: int):
-        """:meth:`collect` from data position ``data_pos``, changing no state of the trainer (the
-        ``rollout.overlap`` worker runs it, :mod:`harness.train.overlap`); also returns the position after it."""
-        cfg, G, P, w = self.cfg, self.cfg.group_size, self.cfg.train.prompts_per_step, self.world
-        rounds = self.algo.group_filter.params.max_rounds
-        kept, kept_rewards, kept_problems, t_roll, t_rew, sampled = [], [], [], 0.0, 0.0, 0
-        kept_global, generated = 0, 0
-        for round_ in range(rounds):
-            need = P - kept_global
-            share = w.shard(need)
-            problems = [self.task.train_problem(data_pos + i, cfg.seed) for i in share]
-            sampling = dataclasses.replace(self._sampling(data_pos), row_offset=share.start * G)
-            data_pos += need
-            sampled += need
-            batch = rew = None
-            # cpu: a row mask of the CPU rollout batch
-            keep = torch.zeros(0, dtype=torch.bool)
-            if problems:
-                t0 = time.perf_counter()
-                batch = self.backend.generate([self.task.prompt(p, self.tok) for p in problems], G, sampling)
-                t1 = time.perf_counter()
-                generated += int(batch.completion_mask.sum())  # filtered groups' tokens included
-                rew = self._score(batch, problems, G)
-                t_roll, t_rew = t_roll + (t1 - t0), t_rew + (time.perf_counter() - t1)
-                keep = self.algo.group_filter(rew.rewards.view(-1, G))
-            n_keep = w.sum(int(keep.sum()))
-            if n_keep < need:
-                if n_keep == 0:
-                    if round_ < rounds - 1 or kept_global:
-                        continue
-                    # cpu: a row mask of the CPU rollout batch
-                    keep = torch.ones(len(problems), dtype=torch.bool)  # nothing kept at all: train on the last draw
-                    n_keep = need
-                groups = [i for i in range(len(problems)) if keep[i]]
-                if problems and len(groups) < len(problems):
-                    rows = [i * G + g for i in groups for g in range(G)]
-                    batch, problems = batch.select(rows), [problems[i] for i in groups]
-                    rew = _select_rewards(rew, rows)
-            if problems:
-                kept.append(batch)
-                kept_rewards.append(rew)
-                kept_problems.append(problems)
-            kept_global += n_keep
-            if kept_global >= P:
-                break
-        if kept:
-            batch, rew = concat_batches(kept, self.tok.pad_token_id), _cat_rewards(kept_rewards)
-        else:  # data-parallel: every group of this rank was filtered out
-            batch, rew = empty_batch(G, self.tok.pad_token_id), _empty_rewards()
-        problems = [p for ps in kept_problems for p in ps]
-        info = {"train/groups_kept": kept_global, "time/rollout_s": t_roll, "time/reward_s": t_rew,
-                # updates between the weights that sampled (every row: one version) and the trained ones
-                "rollout/staleness_mean": float(self.lagged.lag(self.step)) if self.lagged is not None else 0.0,
-                "train/prompts_sampled": sampled, "perf/rollout_tokens": float(w.sum(generated))}
-        return batch, rew, problems, info, data_pos
-
-    def _next_batch(self):
-        """This step's rollouts (:meth:`collect`'s four), and ``time/rollout_wait_s`` in the info: the
-        seconds the step waited for them. ``rollout.overlap``: the batch the worker generated during the
-        previous step when one is pending (the wait is what was left of it), else collected now (the
-        wait is the whole collection); then the next step's generation starts (:mod:`harness.train.overlap`)."""
-        t0 = time.perf_counter()
-        if self.overlap is not None and self.overlap.pending:
-            version, (batch, rew, problems, info, self.data_pos), waited = self.overlap.take(self.data_pos)
-            # the worker read the step counter while this thread moved it: the lag of the version it sampled with
-            info["rollout/staleness_mean"] = float(self.step - version)
-        else:
-            batch, rew, problems, info = self.collect()
-            waited = time.perf_counter() - t0
-        info["time/rollout_wait_s"] = waited
-        if self.overlap is not None and self.step + 1 < self.cfg.train.steps:
-            self.overlap.submit(self._collect, self.data_pos, self.step)
-        return batch, rew, problems, info
-
-    def _score(self, batch: RolloutBatch, problems: list, n: int) -> RewardOutput:
-        """The rewards of ``batch``'s completions, ``n`` per problem (rows problem-major), ``[B]``
-        each: the verifier's verdicts, the format bonus and the overlong penalty."""
-        cfg = self.cfg
-        return compute_rewards(self.task, batch.texts, [p.gold for p in problems for _ in range(n)],
-                               batch.completion_mask.sum(1), format_weight=cfg.task.format_reward,
-                               max_new_tokens=cfg.rollout.max_new_tokens, overlong_buffer=cfg.overlong.buffer,
-                               overlong_factor=cfg.overlong.penalty)
 
     # ---------------------------------------------------------------------- step
     def _length_shaped(self, rewards, cmask, prompt_mask):
@@ -437,17 +337,6 @@ class Trainer:
             self.entropy_coef = self.algo.entropy_control(self.entropy_coef, metrics["train/entropy"])
             self.last_entropy = metrics["train/entropy"]
 
-    def _greedy_scores(self, problems) -> torch.Tensor:
-        """``[P]`` reward of one greedy completion per prompt (for estimators that need it, ReMax),
-        scored exactly as the sampled ones."""
-        with full_weights(self.policy):  # entered by every rank, even one with no prompts
-            if not problems:
-                # cpu: no prompts on this rank: the greedy scores are host values
-                return torch.zeros(0)
-            greedy = SamplingParams(temperature=0.0, max_new_tokens=self.cfg.rollout.max_new_tokens)
-            out = self.backend.generate([self.task.prompt(p, self.tok) for p in problems], 1, greedy)
-        return self._score(out, problems, 1).rewards
-
     def _update(self, tb: TrainBatch) -> dict:
         """``mu`` optimizer steps on ``tb``; the statistics (logged as ``train/<name>``) are means
         over the passes, except ``entropy``: the first pass's, i.e. the mean per-token entropy
@@ -605,112 +494,10 @@ class Trainer:
             self.overlap.close()
         return history
 
-    # ------------------------------------------------------------- checkpoint
-    def _model_states(self) -> dict:
-        """Full policy / optimizer / reference state dicts (:func:`harness.train.distributed.full_state`: a
-        collective when sharded, so every rank calls it)."""
-        if distributed.is_sharded(self.policy):
-            policy, opt = distributed.full_state(self.policy, self.opt)
-        else:  # lora=peft: the adapters only
-            policy, opt = self.adapters.trainable_state(self.policy), self.opt.state_dict()
-        # the reference only differs from the loaded initial weights once it is refreshed
-        ref = distributed.full_state(self.ref)[0] if self.ref is not None and self.algo.kl.ref_refresh_steps else None
-        return {"policy": policy, "optimizer": opt, "ref": ref}
 
-    def state_dict(self, models: dict | None = None) -> dict:
-        """Everything a resume needs; ``models``: :meth:`_model_states` when already gathered."""
-        return {
-            "step": self.step, "data_pos": self.data_pos, "run_id": self.tracker.run_id,
-            "config_key": self.config_key,
-            **(models if models is not None else self._model_states()),
-            "scheduler": self.sched.state_dict(),
-            "critic": self.critic.state_dict() if self.critic is not None else None,
-            "adv_state": self.adv_state, "rng": ckpt.rng_state(), "skipped": self.skipped, "kl_coef": self.kl_coef,
-            "entropy_coef": self.entropy_coef, "last_entropy": self.last_entropy,
-            "lagged": self.lagged.state_dict(self.step) if self.lagged is not None else None,
-            "elapsed_s": self.elapsed_before + time.time() - self.start_time,
-            "pending_metrics": [(m.key, m.value, m.timestamp, m.step) for m in self.tracker.pending],
-        }
 
-    def save_checkpoint(self, finished: bool = False):
-        """Write a checkpoint (rank 0; every rank calls this at the same step: it gathers each rank's
-        RNG state into ``rng_per_rank`` and waits until the file is in place).
 
-        The final one (``finished``) is kept as ``checkpoint.keep_final`` says: ``full`` as any
-        checkpoint (with ``checkpoint.keep`` of them); ``weights`` / ``merged`` write the policy to
-        ``<checkpoint dir>/final/`` first (:meth:`harness.model.lora.FullFineTuning.save_final`: the model,
-        or with LoRA peft's adapter folder / the merged model), then the finished marker (the
-        checkpoint without model or optimizer state); ``none`` the marker only. Those three leave no
-        other checkpoint.
-        """
-        if self.checkpoint_dir is None:
-            return None
-        keep_final = self.cfg.checkpoint.keep_final if finished else "full"
-        rngs = self.world.gather_objects(ckpt.rng_state())
-        models, gathered = None, None
-        sharded = distributed.is_sharded(self.policy)
-        if keep_final in ckpt.KEEP_FOLDER and sharded:  # a collective: every rank gathers
-            gathered = distributed.full_state(self.policy)[0]
-        elif keep_final == "full" and sharded:
-            models = self._model_states()
-        path = None
-        if self.world.is_main:
-            if keep_final != "full":
-                models = {"policy": None, "optimizer": None, "ref": None}
-            state = self.state_dict(models)
-            state["finished"] = finished
-            state["world_size"] = self.world.world_size
-            if self.world.distributed:
-                state["rng_per_rank"] = rngs
-            if keep_final in ckpt.KEEP_FOLDER:
-                base = "tiny-random" if self.cfg.model.tiny_config else self.cfg.model.name_or_path
-                ckpt.save_final_weights(self.checkpoint_dir, lambda tmp: self.adapters.save_final(
-                    tmp, self.policy, keep_final, gathered, base_name=base), self.tok)
-            elif finished:  # none: no weights; full: they are in the checkpoint
-                shutil.rmtree(self.checkpoint_dir / ckpt.FINAL_WEIGHTS, ignore_errors=True)
-            if finished:
-                state = ckpt.finished_marker(state, keep_final)
-            keep = self.cfg.checkpoint.keep if keep_final == "full" else 1
-            path = ckpt.save(self.checkpoint_dir, self.step, state, keep=keep)
-        self.world.barrier()
-        return path
 
-    def load_state_dict(self, state: dict) -> None:
-        self.step, self.data_pos = state["step"], state["data_pos"]
-        if distributed.is_sharded(self.policy):
-            distributed.load_full_state(self.policy, state["policy"], self.opt, state["optimizer"])
-        else:  # lora=peft: the checkpoint holds the adapters only
-            self.adapters.load_trainable_state(self.policy, state["policy"])
-            self.opt.load_state_dict(state["optimizer"])
-        self.sched.load_state_dict(state["scheduler"])
-        if self.ref is not None and state.get("ref") is not None:
-            distributed.load_full_state(self.ref, state["ref"])
-        if self.critic is not None and state.get("critic") is not None:
-            self.critic.load_state_dict(state["critic"])
-        self.adv_state.clear()
-        self.adv_state.update(state.get("adv_state") or {})
-        self.skipped = state.get("skipped", 0)
-        self.kl_coef = state.get("kl_coef", self.kl_coef)
-        self.entropy_coef = state.get("entropy_coef", self.entropy_coef)
-        self.last_entropy = state.get("last_entropy", self.last_entropy)
-        self.elapsed_before = state.get("elapsed_s", 0.0)
-        per_rank = state.get("rng_per_rank")
-        same_world = per_rank is not None and len(per_rank) == self.world.world_size
-        ckpt.set_rng_state(per_rank[self.world.rank] if same_world else state["rng"])
-        if self.lagged is not None:
-            self.lagged.load_state_dict(state["lagged"], self.policy)
-        self.backend.sync_weights(self.policy if self.lagged is None else self.lagged.module)
-        self._log_pending(state.get("pending_metrics") or [])
-
-    def _log_pending(self, pending: list) -> None:
-        """Send the metrics a checkpoint holds unless MLflow already has them (exactly once).
-
-        A run killed between writing a checkpoint and flushing its metrics would otherwise
-        miss those steps; one killed after the flush would log them twice on resume. The tracker
-        drops every ``(key, step)`` the run already holds.
-        """
-        self.tracker.extend([Metric(k, v, ts, st) for k, v, ts, st in pending])
-        self.tracker.flush()
 
 
 def _eval_line(m: dict, seconds: float | None = None) -> str:
@@ -749,22 +536,3 @@ def _timed(times: dict, key: str):
 def _accumulate(total: dict, new: dict, n: int) -> None:
     for k, v in new.items():
         total[k] = total.get(k, 0.0) + v / n
-
-
-def _select_rewards(rew, rows):  # cpu: rewards live with the CPU rollout batch
-    idx = torch.as_tensor(rows, dtype=torch.long)
-    return RewardOutput(rew.rewards[idx], rew.correct[idx], rew.formatted[idx], rew.overlong[idx], rew.verifier)
-
-
-def _empty_rewards():  # cpu: rewards live with the CPU rollout batch
-    z = torch.zeros(0)
-    return RewardOutput(z, z.clone(), z.clone(), z.clone(), {"verifier/timeouts": 0, "verifier/errors": 0})
-
-
-def _cat_rewards(rews):
-    verifier: dict = {}
-    for r in rews:
-        for k in ("verifier/timeouts", "verifier/errors"):
-            verifier[k] = verifier.get(k, 0) + r.verifier.get(k, 0)
-    return RewardOutput(*(torch.cat([getattr(r, f) for r in rews]) for f in ("rewards", "correct", "formatted", "overlong")),
-                        verifier)
