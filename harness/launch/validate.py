@@ -85,9 +85,28 @@ def _check_staleness(cfg) -> None:
 
 
 def validate(cfg) -> None:
-    """Raise :class:`ConfigError` for unknown names, out-of-range values and bad combinations."""
+    """Raise :class:`ConfigError` for unknown names, out-of-range values and bad combinations (the
+    first found, in this order)."""
     _choice("task", cfg.task.name, TASKS)
     _choice("advantage", cfg.advantage.name, TOKEN_ESTIMATORS.names())
+    _kl(cfg)
+    _check(0 < cfg.top_entropy_quantile <= 1,
+           f"top_entropy_quantile={cfg.top_entropy_quantile}: expected in (0, 1] (1 = every token)")
+    _choice("loss_agg", cfg.loss_agg.name, LOSS_AGGREGATIONS.names())
+    schema = _rollout_backend(cfg)
+    _model_and_training(cfg, schema)
+    estimator = TOKEN_ESTIMATORS.spec(cfg.advantage.name)
+    _group_and_sampling(cfg, estimator)
+    _tools(cfg, schema)
+    _budgets(cfg)
+    _loss_and_critic(cfg, estimator)
+    _check_staleness(cfg)
+    _lora(cfg)
+    _dry_run(cfg)
+
+
+def _kl(cfg) -> None:
+    """``kl.*``: the estimator, its placement and clamp, the importance correction, the controller."""
     _choice("kl.form", cfg.kl.form, KL_ESTIMATORS.names())
     _choice("kl.placement", cfg.kl.placement, ["loss", "reward", "none"])
     _check(cfg.kl.clamp is None or cfg.kl.clamp > 0, f"kl.clamp={cfg.kl.clamp}: expected > 0 or null")
@@ -101,9 +120,10 @@ def validate(cfg) -> None:
     reads = KL_CONTROLLERS.spec(cfg.kl.controller).needs  # the kl.* keys the controller reads
     _unread(cfg.kl, "kl", KLConfig, [k for k in ("target", "horizon") if k not in reads],
             f"kl.controller={cfg.kl.controller} does not read it (kl.controller=adaptive does)")
-    _check(0 < cfg.top_entropy_quantile <= 1,
-           f"top_entropy_quantile={cfg.top_entropy_quantile}: expected in (0, 1] (1 = every token)")
-    _choice("loss_agg", cfg.loss_agg.name, LOSS_AGGREGATIONS.names())
+
+
+def _rollout_backend(cfg):
+    """``rollout.backend`` and what its schema declares about its keys; returns that schema."""
     _choice("rollout.backend", cfg.rollout.backend, BACKENDS)
     schema = BACKENDS.spec(cfg.rollout.backend).params
     _check(schema is not None and set(cfg.rollout.keys()) == {f.name for f in dataclasses.fields(schema)},
@@ -121,12 +141,18 @@ def validate(cfg) -> None:
     _check(not getattr(schema, "OWN_BATCHES", False) or cfg.rollout.batch_size == 0,
            f"rollout.batch_size={cfg.rollout.batch_size} with rollout={cfg.rollout.backend}: that engine schedules "
            "its own batches; leave rollout.batch_size at 0")
+    return schema
+
+
+def _model_and_training(cfg, schema) -> None:
+    """``model.dtype`` / ``model.device``, ``train.precision``, ``train.sharding``, the lr schedule and
+    ``checkpoint.keep_final``."""
     _choice("model.dtype", cfg.model.dtype, ["float32", "bfloat16", "float16", "float64"])
     _check(cfg.model.dtype != "float64" or not getattr(schema, "NO_FLOAT64", False),
            f"model.dtype=float64 with rollout={cfg.rollout.backend}: that engine has no float64 kernels; "
            "use rollout=hf (float64 is for exactness checks, see harness.model.precision) or model.dtype=float32")
     _choice("model.device", cfg.model.device, ["auto", "cpu", "cuda"])
-    _check(cfg.model.device != "cuda" or gpu, "model.device=cuda: no CUDA device is visible on this machine "
+    _check(cfg.model.device != "cuda" or torch.cuda.is_available(), "model.device=cuda: no CUDA device is visible on this machine "
            "(torch.cuda.is_available() is False); use model.device=auto or cpu")
     _choice("train.precision", cfg.train.precision, ["fp32", "bf16-autocast", "auto"])
     _check(cfg.train.precision == "fp32" or cfg.model.dtype == "float32",
@@ -143,7 +169,10 @@ def validate(cfg) -> None:
                "sharded weights into that engine is not implemented; use rollout=hf")
     _choice("train.lr_schedule", cfg.train.lr_schedule, ["constant", "linear", "cosine"])
     _choice("checkpoint.keep_final", cfg.checkpoint.keep_final, KEEP_FINAL)
-    estimator = TOKEN_ESTIMATORS.spec(cfg.advantage.name)
+
+
+def _group_and_sampling(cfg, estimator) -> None:
+    """The group size the estimator needs, ``beta``, ``mu`` and the sampling keys (``rollout.*``)."""
     if estimator.grouped:
         _check(cfg.group_size >= 2, f"group_size={cfg.group_size} with advantage={cfg.advantage.name}: "
                "a group estimator needs group_size >= 2 (a singleton group has no baseline)")
@@ -155,6 +184,10 @@ def validate(cfg) -> None:
     _check(isinstance(cfg.rollout.top_k, int) and cfg.rollout.top_k >= 0,
            f"rollout.top_k={cfg.rollout.top_k}: expected an integer >= 0 (0 = no top-k)")
     _check(cfg.rollout.max_new_tokens >= 1, f"rollout.max_new_tokens={cfg.rollout.max_new_tokens}: expected >= 1")
+
+
+def _tools(cfg, schema) -> None:
+    """``tools=`` and the keys only a tool reads."""
     _choice("tools", cfg.tools.name, TOOLS.names())
     if cfg.tools.name == "none":  # episodes only run with a tool
         _unread(cfg.rollout, "rollout", schema, ["max_turns"], "tools=none rolls out one turn (tools=calculator or "
@@ -166,6 +199,10 @@ def validate(cfg) -> None:
                     ["call_open", "call_close", "result_open", "result_close"],
                     "tools.format=chat_template writes calls as <tool_call> JSON and observations as the chat "
                     "template's tool messages (those keys are tools.format=tags')")
+
+
+def _budgets(cfg) -> None:
+    """Counts and sizes: turns, the ``train.*`` counts and lr, the eval size and samples, the overlong buffer."""
     _check(cfg.rollout.max_turns >= 1, f"rollout.max_turns={cfg.rollout.max_turns}: expected >= 1")
     for key in ("steps", "prompts_per_step", "micro_batch_size", "logprob_chunk", "max_bad_steps"):
         _check(cfg.train[key] >= 1, f"train.{key}={cfg.train[key]}: expected >= 1")
@@ -177,6 +214,11 @@ def validate(cfg) -> None:
     _check(cfg.eval.num_samples >= 0, f"eval.num_samples={cfg.eval.num_samples}: expected >= 0")
     _check(cfg.overlong.buffer < cfg.rollout.max_new_tokens or cfg.overlong.buffer == 0,
            f"overlong.buffer={cfg.overlong.buffer} must be smaller than rollout.max_new_tokens={cfg.rollout.max_new_tokens}")
+
+
+def _loss_and_critic(cfg, estimator) -> None:
+    """``policy_loss=`` (and the aggregation its source prescribes), the critic's keys, and what the
+    estimator's declared inputs rule out (step rewards with a tool or a reward-placed KL)."""
     _choice("policy_loss", cfg.policy_loss.name, POLICY_LOSSES.names())
     prescribed = POLICY_LOSSES.spec(cfg.policy_loss.name).aggregation
     if prescribed and prescribed != cfg.loss_agg.name:
@@ -194,9 +236,6 @@ def validate(cfg) -> None:
     if cfg.kl.placement == "reward" and cfg.beta > 0:
         _check("step_rewards" not in estimator.needs,
                f"kl.placement=reward is not defined for advantage={cfg.advantage.name} (step rewards)")
-    _check_staleness(cfg)
-    _lora(cfg)
-    _dry_run(cfg)
 
 
 def _lora(cfg) -> None:
