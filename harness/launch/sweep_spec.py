@@ -116,14 +116,7 @@ def load_sweep(path: str | Path) -> Sweep:
         SweepError: one line naming the file and the offending key.
     """
     p = str(path)
-    try:
-        raw = yaml.safe_load(Path(path).read_text())
-    except FileNotFoundError:
-        raise SweepError(f"{p}: no such sweep file") from None
-    except yaml.YAMLError as e:
-        raise SweepError(f"{p}: not valid YAML ({str(e).splitlines()[0]})") from None
-    if not isinstance(raw, dict):
-        raise SweepError(f"{p}: expected a mapping of sweep keys (study_name, n_trials, params, ...)")
+    raw = _read(p)
     _check_keys(p, "", raw, TOP_KEYS)
     for key in ("study_name", "n_trials", "params"):
         if raw.get(key) is None:
@@ -139,46 +132,8 @@ def load_sweep(path: str | Path) -> Sweep:
         raise SweepError(f"{p}: overrides: expected a list of Hydra 'key=value' strings, got {overrides!r}")
     if not isinstance(raw["params"], dict) or not raw["params"]:
         raise SweepError(f"{p}: params: expected a non-empty mapping of override key -> search space")
-    params = []
-    for name, spec in raw["params"].items():
-        key = f"params.{name}"
-        if not isinstance(spec, dict):
-            raise SweepError(f"{p}: {key}: expected a mapping like {{type: float, low: .., high: ..}}")
-        kind = spec.get("type")
-        if kind is None:
-            raise SweepError(f"{p}: {key}.type: missing required key (float, int or categorical)")
-        if kind not in PARAM_KEYS:
-            raise SweepError(f"{p}: {key}.type: unknown type {kind!r} (expected float, int or categorical)")
-        _check_keys(p, f"{key}.", spec, PARAM_KEYS[kind])
-        if kind == "categorical":
-            choices = spec.get("choices")
-            if not isinstance(choices, list) or not choices:
-                raise SweepError(f"{p}: {key}.choices: expected a non-empty list")
-            if not all(c is None or isinstance(c, (bool, int, float, str)) for c in choices):
-                raise SweepError(f"{p}: {key}.choices: only null, bool, int, float and str values are allowed")
-            params.append(Param(str(name), kind, choices=choices))
-            continue
-        num = float if kind == "float" else int
-        for bound in ("low", "high"):
-            if bound not in spec:
-                raise SweepError(f"{p}: {key}.{bound}: missing required key for type {kind}")
-        low, high = _number(p, f"{key}.low", spec["low"], num), _number(p, f"{key}.high", spec["high"], num)
-        if low > high:
-            raise SweepError(f"{p}: {key}.low: {low} is above high={high}")
-        log_ = bool(spec.get("log", False))
-        if log_ and low <= 0:
-            raise SweepError(f"{p}: {key}.low: log scale needs low > 0, got {low}")
-        step = _number(p, f"{key}.step", spec["step"], num) if spec.get("step") is not None else None
-        if step is not None and log_:
-            raise SweepError(f"{p}: {key}.step: cannot be combined with log: true")
-        params.append(Param(str(name), kind, low=low, high=high, log=log_, step=step))
-    hb = raw.get("heartbeat") or {}
-    if not isinstance(hb, dict):
-        raise SweepError(f"{p}: heartbeat: expected a mapping {{interval, grace_period, max_retry}}")
-    _check_keys(p, "heartbeat.", hb, HEARTBEAT_KEYS)
-    for k, v in hb.items():
-        if not (v is None and k == "max_retry") and _number(p, f"heartbeat.{k}", v, int) < (0 if k == "max_retry" else 1):
-            raise SweepError(f"{p}: heartbeat.{k}: expected a positive integer, got {v!r}")
+    params = [_param(p, str(name), spec) for name, spec in raw["params"].items()]
+    hb = _heartbeat(p, raw.get("heartbeat") or {})
     metric = raw.get("metric", DEFAULT_METRIC)
     if not isinstance(metric, str) or not metric:
         raise SweepError(f"{p}: metric: expected a metric name like eval/accuracy, got {metric!r}")
@@ -194,6 +149,64 @@ def load_sweep(path: str | Path) -> Sweep:
         pruner=_section(p, "pruner", raw.get("pruner", "none"), PRUNER_KEYS, "median"),
         heartbeat=hb, overrides=list(overrides),
     )
+
+
+def _read(p: str) -> dict:
+    """The sweep file ``p`` as a mapping."""
+    try:
+        raw = yaml.safe_load(Path(p).read_text())
+    except FileNotFoundError:
+        raise SweepError(f"{p}: no such sweep file") from None
+    except yaml.YAMLError as e:
+        raise SweepError(f"{p}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(raw, dict):
+        raise SweepError(f"{p}: expected a mapping of sweep keys (study_name, n_trials, params, ...)")
+    return raw
+
+
+def _param(p: str, name: str, spec) -> Param:
+    """``params.<name>``: a categorical, float or int search space."""
+    key = f"params.{name}"
+    if not isinstance(spec, dict):
+        raise SweepError(f"{p}: {key}: expected a mapping like {{type: float, low: .., high: ..}}")
+    kind = spec.get("type")
+    if kind is None:
+        raise SweepError(f"{p}: {key}.type: missing required key (float, int or categorical)")
+    if kind not in PARAM_KEYS:
+        raise SweepError(f"{p}: {key}.type: unknown type {kind!r} (expected float, int or categorical)")
+    _check_keys(p, f"{key}.", spec, PARAM_KEYS[kind])
+    if kind == "categorical":
+        choices = spec.get("choices")
+        if not isinstance(choices, list) or not choices:
+            raise SweepError(f"{p}: {key}.choices: expected a non-empty list")
+        if not all(c is None or isinstance(c, (bool, int, float, str)) for c in choices):
+            raise SweepError(f"{p}: {key}.choices: only null, bool, int, float and str values are allowed")
+        return Param(name, kind, choices=choices)
+    num = float if kind == "float" else int
+    for bound in ("low", "high"):
+        if bound not in spec:
+            raise SweepError(f"{p}: {key}.{bound}: missing required key for type {kind}")
+    low, high = _number(p, f"{key}.low", spec["low"], num), _number(p, f"{key}.high", spec["high"], num)
+    if low > high:
+        raise SweepError(f"{p}: {key}.low: {low} is above high={high}")
+    log_ = bool(spec.get("log", False))
+    if log_ and low <= 0:
+        raise SweepError(f"{p}: {key}.low: log scale needs low > 0, got {low}")
+    step = _number(p, f"{key}.step", spec["step"], num) if spec.get("step") is not None else None
+    if step is not None and log_:
+        raise SweepError(f"{p}: {key}.step: cannot be combined with log: true")
+    return Param(name, kind, low=low, high=high, log=log_, step=step)
+
+
+def _heartbeat(p: str, hb) -> dict:
+    """``heartbeat``: positive integers (``max_retry`` may be null)."""
+    if not isinstance(hb, dict):
+        raise SweepError(f"{p}: heartbeat: expected a mapping {{interval, grace_period, max_retry}}")
+    _check_keys(p, "heartbeat.", hb, HEARTBEAT_KEYS)
+    for k, v in hb.items():
+        if not (v is None and k == "max_retry") and _number(p, f"heartbeat.{k}", v, int) < (0 if k == "max_retry" else 1):
+            raise SweepError(f"{p}: heartbeat.{k}: expected a positive integer, got {v!r}")
+    return hb
 
 
 # ------------------------------------------------------------------------- overrides
