@@ -138,82 +138,18 @@ class WorkerPool:
             return self._run_locked(jobs, timeout_s, max(1, min(num_workers, len(jobs))))
 
     def _run_locked(self, jobs: list[dict], timeout_s: float, n: int) -> list[dict]:
-        results: list[dict | None] = [None] * len(jobs)
-        pending = deque(range(len(jobs)))
         # whole-batch budget: items not dispatched by then are reported as timeouts, so a
         # batch full of slow items cannot take len(jobs) * (timeout + worker restart)
         batch_deadline = time.monotonic() + timeout_s * math.ceil(len(jobs) / n) + BATCH_SLACK_S
         self._workers = [w for w in self._workers if w.proc.poll() is None]
-        start_failures = 0
         while len(self._workers) < n:
             self._workers.append(_Worker())
-        active = self._workers[:n]
-        sel = selectors.DefaultSelector()
-        for w in active:
-            sel.register(w.fd, selectors.EVENT_READ, w)
-
-        def replace(w: _Worker) -> None:
-            sel.unregister(w.fd)
-            w.kill()
-            new = _Worker()
-            self._workers[self._workers.index(w)] = new
-            active[active.index(w)] = new
-            sel.register(new.fd, selectors.EVENT_READ, new)
-
+        batch = _Batch(self._workers, jobs, timeout_s, n, batch_deadline)
         try:
-            while pending or any(w.job is not None for w in active):
-                now = time.monotonic()
-                for w in active:  # dispatch
-                    if w.ready and w.job is None and pending:
-                        idx = pending.popleft()
-                        try:
-                            w.send(jobs[idx])
-                            w.job, w.deadline = idx, time.monotonic() + timeout_s
-                        except (OSError, ValueError):
-                            pending.appendleft(idx)
-                            replace(w)
-                waits = [w.deadline for w in active if w.job is not None]
-                waits += [w.started + STARTUP_TIMEOUT_S for w in active if not w.ready]
-                wait_s = max(0.0, min(waits) - time.monotonic()) if waits else 0.05
-                for key, _ in sel.select(timeout=min(wait_s, 1.0) + 0.001):
-                    w = key.data
-                    msgs, eof = w.read_lines()
-                    read_at = time.monotonic()
-                    for msg in msgs:
-                        if msg.get("ready"):
-                            w.ready, start_failures = True, 0
-                        elif w.job is not None:
-                            # a reply read after its deadline is a timeout, as if it had not come:
-                            # the deadline must not depend on how long select() happened to wait
-                            late = read_at > w.deadline
-                            results[w.job], w.job = ({"ok": False, "timeout": True} if late else msg), None
-                    if eof:
-                        if w.job is not None:
-                            results[w.job] = {"ok": False, "error": "worker died"}
-                            w.job = None
-                        elif not w.ready:
-                            start_failures += 1
-                        replace(w)
-                now = time.monotonic()
-                for w in list(active):  # deadlines
-                    if w.job is not None and now > w.deadline:
-                        results[w.job] = {"ok": False, "timeout": True}
-                        w.job = None
-                        replace(w)
-                    elif not w.ready and now > w.started + STARTUP_TIMEOUT_S:
-                        start_failures += 1
-                        replace(w)
-                if start_failures >= MAX_START_FAILURES and not any(w.ready for w in active):
-                    break
-                if now > batch_deadline:
-                    while pending:
-                        results[pending.popleft()] = {"ok": False, "timeout": True}
+            batch.run()
         finally:
-            sel.close()
-        for i, r in enumerate(results):
-            if r is None:
-                results[i] = {"ok": False, "error": "verifier workers failed to start"}
-        return results  # type: ignore[return-value]
+            batch.sel.close()
+        return batch.replies()
 
     def shutdown(self) -> None:
         """Stop all workers (idempotent)."""
@@ -226,3 +162,93 @@ class WorkerPool:
                 self._lock.release()
         for w in workers:
             w.close()
+
+
+class _Batch:
+    """One :meth:`WorkerPool.run`: the queue of jobs, their replies, and the ``n`` workers it uses
+    (a dead or late worker is replaced in the pool's list too)."""
+
+    def __init__(self, workers: list[_Worker], jobs: list[dict], timeout_s: float, n: int, deadline: float):
+        self.workers, self.active = workers, workers[:n]
+        self.jobs, self.timeout_s, self.deadline = jobs, timeout_s, deadline
+        self.results: list[dict | None] = [None] * len(jobs)
+        self.pending = deque(range(len(jobs)))
+        self.start_failures = 0
+        self.sel = selectors.DefaultSelector()
+        for w in self.active:
+            self.sel.register(w.fd, selectors.EVENT_READ, w)
+
+    def run(self) -> None:
+        """Dispatch, read replies and enforce the deadlines until every job has a reply (or the
+        workers cannot start)."""
+        while self.pending or any(w.job is not None for w in self.active):
+            self._dispatch()
+            self._read()
+            now = time.monotonic()
+            self._expire(now)
+            if self.start_failures >= MAX_START_FAILURES and not any(w.ready for w in self.active):
+                break
+            if now > self.deadline:
+                while self.pending:
+                    self.results[self.pending.popleft()] = {"ok": False, "timeout": True}
+
+    def replies(self) -> list[dict]:
+        """One reply per job, in order (``verifier workers failed to start`` where none came)."""
+        return [r if r is not None else {"ok": False, "error": "verifier workers failed to start"}
+                for r in self.results]
+
+    def _replace(self, w: _Worker) -> None:
+        self.sel.unregister(w.fd)
+        w.kill()
+        new = _Worker()
+        self.workers[self.workers.index(w)] = new
+        self.active[self.active.index(w)] = new
+        self.sel.register(new.fd, selectors.EVENT_READ, new)
+
+    def _dispatch(self) -> None:
+        for w in self.active:
+            if w.ready and w.job is None and self.pending:
+                idx = self.pending.popleft()
+                try:
+                    w.send(self.jobs[idx])
+                    w.job, w.deadline = idx, time.monotonic() + self.timeout_s
+                except (OSError, ValueError):
+                    self.pending.appendleft(idx)
+                    self._replace(w)
+
+    def _read(self) -> None:
+        """Wait for replies until the nearest deadline (at most 1 s) and take what came."""
+        waits = [w.deadline for w in self.active if w.job is not None]
+        waits += [w.started + STARTUP_TIMEOUT_S for w in self.active if not w.ready]
+        wait_s = max(0.0, min(waits) - time.monotonic()) if waits else 0.05
+        for key, _ in self.sel.select(timeout=min(wait_s, 1.0) + 0.001):
+            w = key.data
+            msgs, eof = w.read_lines()
+            read_at = time.monotonic()
+            for msg in msgs:
+                if msg.get("ready"):
+                    w.ready, self.start_failures = True, 0
+                elif w.job is not None:
+                    # a reply read after its deadline is a timeout, as if it had not come:
+                    # the deadline must not depend on how long select() happened to wait
+                    late = read_at > w.deadline
+                    self.results[w.job], w.job = ({"ok": False, "timeout": True} if late else msg), None
+            if eof:
+                if w.job is not None:
+                    self.results[w.job] = {"ok": False, "error": "worker died"}
+                    w.job = None
+                elif not w.ready:
+                    self.start_failures += 1
+                self._replace(w)
+
+    def _expire(self, now: float) -> None:
+        """A job past its deadline is a timeout and a worker that did not start in time is a
+        start failure: either worker is replaced."""
+        for w in list(self.active):
+            if w.job is not None and now > w.deadline:
+                self.results[w.job] = {"ok": False, "timeout": True}
+                w.job = None
+                self._replace(w)
+            elif not w.ready and now > w.started + STARTUP_TIMEOUT_S:
+                self.start_failures += 1
+                self._replace(w)
