@@ -90,41 +90,66 @@ class EpisodeRollout:
         rows = [p for p in prompts for _ in range(num_samples)]
         enc = tok(rows, return_tensors="pt", padding=True, add_special_tokens=False)  # as the backends
         prompt_ids = [list(x) for x in tok(prompts, add_special_tokens=False)["input_ids"]]
-        B, greedy = len(rows), params.temperature == 0
-        ids = [[] for _ in range(B)]
-        obs = [[] for _ in range(B)]
-        logps = [[] for _ in range(B)]
-        turns, calls, errors = [0] * B, [0] * B, [0] * B
-        done, eos = [budget <= 0] * B, [False] * B
+        ep = _Episodes.start(len(rows), budget)
         for t in range(self.max_turns):
-            active = [r for r in range(B) if not done[r]]
+            active = [r for r in range(len(rows)) if not ep.done[r]]
             if not active:
                 break
             turn_params = dataclasses.replace(params, seed=turn_seed(params.seed, t))
-            outs = self.backend.sample_ids([prompt_ids[r // num_samples] + ids[r] for r in active], turn_params,
-                                           [budget - len(ids[r]) for r in active], stop,
+            outs = self.backend.sample_ids([prompt_ids[r // num_samples] + ep.ids[r] for r in active], turn_params,
+                                           [budget - len(ep.ids[r]) for r in active], stop,
                                            [params.row_offset + r for r in active])
             for r, s in zip(active, outs):
-                ids[r] += s.ids
-                obs[r] += [0] * len(s.ids)
-                logps[r] += s.logprobs if s.logprobs is not None else [0.0] * len(s.ids)
-                turns[r] += 1
-                eos[r] = s.stop == "eos"
-                made = self.format.calls(s.ids, s.stop)  # None: no call, the episode's answer ends here
-                if made is None or t == self.max_turns - 1 or len(ids[r]) >= budget:
-                    done[r] = True
-                    eos[r] = eos[r] and made is None  # a call left unanswered is a truncated episode
-                    continue
-                observations = [self.tool.observe(c) if isinstance(c, str) else c for c in made]
-                calls[r] += len(observations)
-                errors[r] += sum(o.error for o in observations)
-                o = list(tok(self.format.observation(observations), add_special_tokens=False)["input_ids"])
-                o = o[: budget - len(ids[r])]
-                ids[r] += o
-                obs[r] += [1] * len(o)
-                logps[r] += [0.0] * len(o)
-                eos[r] = False  # the episode goes on (or its budget ran out in the observation)
-                done[r] = len(ids[r]) >= budget
+                self._turn(ep, r, s, last=t == self.max_turns - 1, budget=budget)
+        return ep.batch(tok, enc, num_samples, greedy=params.temperature == 0)
+
+    def _turn(self, ep: "_Episodes", r: int, s, last: bool, budget: int) -> None:
+        """Row ``r`` takes the turn ``s`` (its sampled ids) and, when the turn made a call and the
+        episode goes on, the tool's observation."""
+        ep.ids[r] += s.ids
+        ep.obs[r] += [0] * len(s.ids)
+        ep.logps[r] += s.logprobs if s.logprobs is not None else [0.0] * len(s.ids)
+        ep.turns[r] += 1
+        ep.eos[r] = s.stop == "eos"
+        made = self.format.calls(s.ids, s.stop)  # None: no call, the episode's answer ends here
+        if made is None or last or len(ep.ids[r]) >= budget:
+            ep.done[r] = True
+            ep.eos[r] = ep.eos[r] and made is None  # a call left unanswered is a truncated episode
+            return
+        observations = [self.tool.observe(c) if isinstance(c, str) else c for c in made]
+        ep.calls[r] += len(observations)
+        ep.errors[r] += sum(o.error for o in observations)
+        o = list(self.tokenizer(self.format.observation(observations), add_special_tokens=False)["input_ids"])
+        o = o[: budget - len(ep.ids[r])]
+        ep.ids[r] += o
+        ep.obs[r] += [1] * len(o)
+        ep.logps[r] += [0.0] * len(o)
+        ep.eos[r] = False  # the episode goes on (or its budget ran out in the observation)
+        ep.done[r] = len(ep.ids[r]) >= budget
+
+
+@dataclasses.dataclass
+class _Episodes:
+    """The rows' episodes as they grow: token ids, observation flags (1 = a tool's token), sampler
+    log-probs, and per row the turns, calls, tool errors, whether it is done and ended at EOS."""
+
+    ids: list
+    obs: list
+    logps: list
+    turns: list
+    calls: list
+    errors: list
+    done: list
+    eos: list
+
+    @classmethod
+    def start(cls, rows: int, budget: int) -> "_Episodes":
+        return cls([[] for _ in range(rows)], [[] for _ in range(rows)], [[] for _ in range(rows)],
+                   [0] * rows, [0] * rows, [0] * rows, [budget <= 0] * rows, [False] * rows)
+
+    def batch(self, tok, enc, num_samples: int, greedy: bool) -> RolloutBatch:  # cpu: a rollout batch lives on the CPU
+        """The episodes as a :class:`RolloutBatch` (right-padded; no sampler log-probs when greedy)."""
+        B, ids = len(self.ids), self.ids
         tc = max(1, max(len(x) for x in ids))
         completion = torch.full((B, tc), tok.pad_token_id, dtype=torch.long)
         cmask = torch.zeros((B, tc), dtype=torch.long)
@@ -134,12 +159,13 @@ class EpisodeRollout:
             n = len(ids[r])
             completion[r, :n] = torch.tensor(ids[r], dtype=torch.long)
             cmask[r, :n] = 1
-            omask[r, :n] = torch.tensor(obs[r], dtype=torch.long)
-            sampler[r, :n] = torch.tensor(logps[r], dtype=torch.float32)
+            omask[r, :n] = torch.tensor(self.obs[r], dtype=torch.long)
+            sampler[r, :n] = torch.tensor(self.logps[r], dtype=torch.float32)
         texts = [tok.decode(x, skip_special_tokens=True) for x in ids]
-        episode = {"turns": torch.tensor(turns), "tool_calls": torch.tensor(calls), "tool_errors": torch.tensor(errors)}
+        episode = {"turns": torch.tensor(self.turns), "tool_calls": torch.tensor(self.calls),
+                   "tool_errors": torch.tensor(self.errors)}
         return RolloutBatch(enc["input_ids"], enc["attention_mask"], completion, cmask,
-                            torch.tensor([not e for e in eos], dtype=torch.bool), texts, num_samples,
+                            torch.tensor([not e for e in self.eos], dtype=torch.bool), texts, num_samples,
                             None if greedy else sampler, omask, episode)
 
 
