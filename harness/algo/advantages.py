@@ -85,9 +85,9 @@ class RLOOParams:
     # none: A = r - mean(others); loo_std: also divided by the std of the others where it is not
     # zero (NeMo-RL use_leave_one_out_baseline + normalize_rewards)
     scale: str = "none"
-    eps: float = 0.0  # added to the leave-one-out std under scale=loo_std (NeMo-RL: 0 before PR #1423, 1e-6 since)
-    # loo_std's variance of the others: population (/ (n-1), NeMo-RL before PR #1423, 2025-11-13) or
-    # Bessel-corrected (/ (n-2), NeMo-RL since; recipe: unbiased=true eps=1e-6)
+    eps: float = 0.0  # added to the leave-one-out std under scale=loo_std (NeMo-RL: 0 before PR #1423, 1e-6 from it)
+    # loo_std's variance of the others: population (/ (n-1), NeMo-RL before PR #1423) or
+    # Bessel-corrected (/ (n-2), NeMo-RL from PR #1423; recipe: unbiased=true eps=1e-6)
     unbiased: bool = False
 
 
@@ -223,7 +223,7 @@ def rloo_advantages(rewards: Tensor, valid: Tensor, p: RLOOParams, state: Option
     ``p.scale="loo_std"`` follows NeMo-RL (``grpo.use_leave_one_out_baseline`` with
     ``grpo.normalize_rewards``, ``calculate_baseline_and_std_per_prompt``): ``s_i`` is the std
     of the others (:func:`leave_one_out_stats`: population with ``p.unbiased=False``, NeMo-RL
-    before PR #1423; Bessel-corrected with ``p.unbiased=True``, NeMo-RL since, which also uses
+    before PR #1423; Bessel-corrected with ``p.unbiased=True``, NeMo-RL from that PR, which also uses
     ``eps=1e-6``) and ``A_i = (r_i - b_i) / (s_i + p.eps)``. Where the others agree
     (``s_i`` zero up to float32 rounding, see ``LOO_STD_ZERO_RTOL``) ``A_i = r_i - b_i`` is
     left unscaled, so the advantage stays bounded by the reward range (NeMo-RL's

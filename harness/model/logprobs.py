@@ -126,8 +126,8 @@ class LinearLogSoftmaxGather(torch.autograd.Function):
     then ``dL/dh = (dL/dz / T) W``, ``dL/dW = (dL/dz / T)^T h``, ``dL/db = sum dL/dz / T``.
     The unfused autograd graph (logsumexp, gather, softmax) builds the same gradient from a
     zero-filled ``[B, c, V]`` tensor that the gather's backward scatters into, plus the
-    logsumexp's and softmax's own elementwise passes; the profile of issue 28 measured the fill
-    and the scatter at ~2 s of a 12.5 s update. Same maths, so the two agree to float rounding
+    logsumexp's and softmax's own elementwise passes, which a profile of the update measured at
+    ~2 s of 12.5 s (results/benchmarks.md, with machine and date). Same maths, so the two agree to float rounding
     (``tests/test_logprobs.py`` checks values and all three gradients in float64 to 1e-12).
 
     Only the ``[B, c]`` log-normaliser is kept between forward and backward; the ``[B, c, V]``

@@ -218,7 +218,7 @@ def load_causal_lm(name_or_path: str, dtype: str = "float32", device: str = "cpu
         # decorated for hub kernels (RMSNorm, activations) for downloaded kernels where the hub is
         # reachable, and re-kernelizes the model at every train()/eval(), rebinding each norm's forward:
         # maths chosen by the network instead of the model's own, and keep_float64's norms silently
-        # undone (float64 runs then rounded every norm to fp32: issue 44). The harness runs the model's code.
+        # undone (a float64 run would round every norm to fp32). The harness runs the model's code.
         model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[dtype], use_kernels=False)
     except OSError as e:
         raise ModelLoadError(f"model.name_or_path={name_or_path!r}: cannot load model: {e}") from e

@@ -6,10 +6,9 @@ system on ``free``, and returns heap memory above ``M_TRIM_THRESHOLD`` (128 KiB)
 A rollout allocates and frees tensors of 1-30 MiB at every decoded token (logits, the KV cache's
 growth), so each of those is a new mapping whose pages fault in again when written. Fixing the
 mmap threshold at glibc's maximum (32 MiB on 64-bit) and the trim threshold at 1 GiB keeps those
-blocks in the heap for reuse. Measured on the 2-core Intel Xeon, 2026-12-03 (``preset=arith_cpu``,
-2 steps, the same tokens both ways): at G=16 (64 rows) the hf rollout took 26.2 s instead of 36.7 s
-and the step 46.5 s instead of 57.7 s; at G=8 5.7 s instead of 5.9 s; peak RSS unchanged
-(results/benchmarks.md). It changes where memory comes from, never a value. PyTorch's CPU
+blocks in the heap for reuse: on a 2-core CPU it cut the hf rollout of a G=16 ``preset=arith_cpu``
+step by more than a quarter, peak RSS unchanged (results/benchmarks.md gives the figures, the
+machine and the date). It changes where memory comes from, never a value. PyTorch's CPU
 performance guide recommends a caching allocator (jemalloc / tcmalloc) for the same reason; this
 is the glibc-only equivalent, with no extra install.
 
