@@ -1,2 +1,3 @@
-"""What trains: the trainer's step, the update, the critic, rewards, evaluation and its
-cache, step metrics, stale and overlapped rollouts, checkpoints, and the process group."""
+"""What trains: the trainer (its step, the batch it collects, its checkpoint), the update, the
+critic, rewards, evaluation and its step-0 cache, step metrics, stale and overlapped rollouts,
+checkpoint files, and the process group (torchrun, FSDP2)."""
