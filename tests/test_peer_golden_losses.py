@@ -287,8 +287,9 @@ def test_nemo_rl_calculate_kl_k1_k2_k3():
     kl.clamp=10` on every token, masked tokens 0. Gradients: NeMo-RL's weight `exp(logp - sg(logp))`
     adds the score-function term `k d logp`, which the harness gives with
     `kl.importance_correct=true` at `old = logp` (mu = 1) for k1 and k3 (k2 has no importance-corrected
-    form here: its gradient differs, no knob); on a token past the output clamp NeMo-RL's gradient
-    is 0 (it clamps `w k`), ours `10 d logp` (we clamp `k`, then weight)."""
+    form here: its gradient differs where 0 < k2 <= 10, no knob; past the clamp both are 0); on a token
+    past the output clamp NeMo-RL's gradient is 0 (it clamps `w k`), ours `10 d logp` (we clamp `k`,
+    then weight)."""
     beta = 0.01
     n_tok = MASK_NR.sum()
     for form in ("k1", "k2", "k3"):
@@ -308,6 +309,8 @@ def test_nemo_rl_calculate_kl_k1_k2_k3():
         moving = (nemo_tok.detach().abs() < 10) & (MASK_NR > 0) & (nemo_tok.detach() != 0)
         assert moving.any() and not torch.allclose(logp_h.grad[moving], logp_n.grad[moving])
         if form == "k2":  # no importance-corrected k2 in the harness (biased in value): no knob
+            past = (nemo_tok.detach().abs() >= 10) & (MASK_NR > 0)  # past the clamp: both gradients 0
+            assert past.any() and (logp_n.grad[past] == 0).all() and (logp_h.grad[past] == 0).all()
             continue
         # gradients: importance-corrected at old = logp equals NeMo-RL where |k| < 10 ...
         logp_ic = LOGP_NR.clone().requires_grad_()
