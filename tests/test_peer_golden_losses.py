@@ -52,7 +52,10 @@ def test_trl_compute_loss_loss_type_sapo():
     `-sigmoid(tau (r - 1)) 4 / tau * A` (`tau` = `sapo_temperature_pos` 1.0 where `A > 0`, else
     `sapo_temperature_neg` 1.05), reduced as `"grpo"`: each row's token mean, then the mean over
     all rows, a fully masked one too. Harness: `policy_loss=sapo
-    loss_agg=seq-mean-token-mean loss_agg.count_masked_rows=true`."""
+    loss_agg=seq-mean-token-mean loss_agg.count_masked_rows=true`, to 1e-12 against `tau` in
+    float64. TRL builds `tau` as `torch.where(advantages > 0, 1.0, 1.05)`, a float32 tensor (two
+    Python floats), so its 1.05 runs as 1.0499999523162842: verbatim TRL lies 6.6e-8 (relative)
+    from this loss (measured, asserted)."""
     logp, per_token = _loss("sapo")
     ratio = LOG_RATIO.exp()
     tau = torch.where(ADV > 0, torch.full_like(ADV, 1.0), torch.full_like(ADV, 1.05))
@@ -60,6 +63,9 @@ def test_trl_compute_loss_loss_type_sapo():
     ours = aggregate_loss(per_token, MASK, "seq-mean-token-mean", count_masked_rows=True)
     torch.testing.assert_close(ours, trl, **TOL)
     assert not torch.isclose(aggregate_loss(per_token, MASK, "seq-mean-token-mean"), trl)
+    tau32 = torch.where(ADV > 0, 1.0, 1.05)  # TRL's verbatim tau
+    trl32 = _seq_token_mean_all_rows(-torch.sigmoid(tau32 * (ratio - 1)) * 4 / tau32 * ADV)
+    assert tau32.dtype == torch.float32 and 6.5e-8 < abs(float(trl32 / trl) - 1) < 6.7e-8
 
 
 def test_verl_compute_policy_loss_geo_mean():
