@@ -6,10 +6,17 @@ VENV     ?= .venv
 TORCH    ?= torch==2.13.0
 BIN      := $(VENV)/bin
 STAMP    := $(VENV)/.installed
+# Data: the development layout keeps whole copies of GSM8K and MATH in ../shared/data; where that folder
+# exists, runs read it (HARNESS_GSM8K_DIR, HARNESS_MATH_DIR, unless already set) and the tests marked
+# full_data use it. A clone alone sets neither: runs load from the Hugging Face hub (openai/gsm8k;
+# EleutherAI/hendrycks_math, HuggingFaceH4/MATH-500), and the tests read tests/data/ either way.
 DATA     ?= $(abspath ../shared/data)
-
+ifneq ($(wildcard $(DATA)/gsm8k/.),)
 export HARNESS_GSM8K_DIR ?= $(DATA)/gsm8k
+endif
+ifneq ($(wildcard $(DATA)/math/.),)
 export HARNESS_MATH_DIR  ?= $(DATA)/math
+endif
 export TOKENIZERS_PARALLELISM := false
 
 .PHONY: install install-cluster install-vllm install-min run test test-fast test-vllm test-min bench docs clean

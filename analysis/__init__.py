@@ -1,6 +1,7 @@
 """Analysis scripts for grpo-harness MLflow runs.
 
-Modules (each runnable as ``python -m analysis.<name> --help`` from the repo root):
+Modules (each runnable as ``python -m analysis.<name> --help`` from any folder: the package installs
+with ``harness``; ``harness-report`` is :mod:`analysis.report`'s console script):
 
 - :mod:`analysis.collect` -- MLflow runs -> tidy ``runs`` / ``history`` frames under ``reports/``
   (git-ignored; ``--out`` for elsewhere).

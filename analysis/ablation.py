@@ -227,6 +227,7 @@ def plot(records: list[RunRecord], out_dir: Path, n_boot: int = 2000) -> list[Pa
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # heavy, only for plots
+    from analysis.plots import integer_steps  # imports matplotlib: only for plots
 
     rng = np.random.default_rng(1)
     groups = _by_estimator(records)
@@ -234,6 +235,8 @@ def plot(records: list[RunRecord], out_dir: Path, n_boot: int = 2000) -> list[Pa
     written = []
     for xkind in ("step", "time"):
         fig, ax = plt.subplots(figsize=(7, 4.5))
+        if xkind == "step":
+            integer_steps(ax)
         for est in sorted(groups):
             runs = [groups[est][s] for s in sorted(groups[est])]
             steps = runs[0].eval_steps

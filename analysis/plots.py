@@ -26,6 +26,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from analysis import DEFAULT_BY, DEFAULT_OUT  # noqa: E402
 from analysis.collect import load_collection  # noqa: E402
@@ -120,8 +121,17 @@ def curve_by_time(history: pd.DataFrame, runs: pd.DataFrame, key: str, by=DEFAUL
     return _aggregate(pd.concat(gridded, ignore_index=True), "t")
 
 
-def _draw_curves(curves: pd.DataFrame, xlabel: str, ylabel: str, title: str, path: Path) -> Path:
+def integer_steps(ax) -> None:
+    """Integer ticks only on ``ax``'s x axis, a training step (matplotlib's default locator puts
+    1.2, 1.4, ... between the steps of a short run). Every figure with steps on its x axis calls it."""
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _draw_curves(curves: pd.DataFrame, xlabel: str, ylabel: str, title: str, path: Path, steps: bool) -> Path:
+    """Mean (and band) per variant vs ``x``; ``steps``: x is a training step (integer ticks)."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    if steps:
+        integer_steps(ax)
     points = curves.attrs.get("points")
     for variant, g in curves.groupby("variant", sort=True):
         g = g.sort_values("x")
@@ -238,10 +248,11 @@ def make_plots(runs: pd.DataFrame, history: pd.DataFrame, summary: pd.DataFrame 
     for stem, (key, ylabel) in CURVES.items():
         step_curve = curve_by_step(history, runs, key, by)
         written[f"{stem}_vs_step.png"] = None if step_curve.empty else _draw_curves(
-            step_curve, "training step", ylabel, f"{ylabel} vs step", plots_dir / f"{stem}_vs_step.png")
+            step_curve, "training step", ylabel, f"{ylabel} vs step", plots_dir / f"{stem}_vs_step.png", steps=True)
         time_curve = curve_by_time(history, runs, key, by)
         written[f"{stem}_vs_time.png"] = None if time_curve.empty else _draw_curves(
-            time_curve, "wall-clock (s)", ylabel, f"{ylabel} vs wall-clock", plots_dir / f"{stem}_vs_time.png")
+            time_curve, "wall-clock (s)", ylabel, f"{ylabel} vs wall-clock", plots_dir / f"{stem}_vs_time.png",
+            steps=False)
     written["final_accuracy_vs_group_size.png"] = plot_final_vs_group_size(
         by_group, plots_dir / "final_accuracy_vs_group_size.png")
     written["peak_memory.png"] = _grouped_bars(summary, "peak_mem_gib", "peak memory (GiB)",
@@ -252,7 +263,7 @@ def make_plots(runs: pd.DataFrame, history: pd.DataFrame, summary: pd.DataFrame 
     comp = curve_by_step(history, runs, "train/completion_len_mean", by)
     written["completion_length.png"] = None if comp.empty else _draw_curves(
         comp, "training step", "completion length (tokens)", "Completion length over training",
-        plots_dir / "completion_length.png")
+        plots_dir / "completion_length.png", steps=True)
     for name, path in written.items():
         if verbose:
             print(f"[plots] wrote {path}" if path else f"[plots] skipped {name}: no data")

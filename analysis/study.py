@@ -505,6 +505,7 @@ def plot(spec: dict, records: dict, result: dict, path: Path, client=None) -> Pa
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # heavy, only for plots
+    from analysis.plots import integer_steps  # imports matplotlib: only for plots
 
     scale = spec["metric"].get("scale", 1)
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [2, 1]})
@@ -522,6 +523,7 @@ def plot(spec: dict, records: dict, result: dict, path: Path, client=None) -> Pa
                     label=f"{arm} ({len(curves)} seeds)")
     if spec["metric"]["summary"] == "last_third":
         ax.axvspan(spec["steps"] - math.ceil(spec["steps"] / 3) + 0.5, spec["steps"] + 0.5, alpha=0.08, color="k")
+    integer_steps(ax)
     ax.set(xlabel="training step", ylabel=f"{spec['metric']['name']} (x{scale})" if scale != 1 else spec["metric"]["name"],
            title="every seed (dashed), mean over seeds (solid)")
     ax.legend(fontsize="small")
@@ -811,6 +813,7 @@ def plot_secondary(spec: dict, records: dict, path: Path, client=None) -> Path |
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # heavy, only for plots
+    from analysis.plots import integer_steps  # imports matplotlib: only for plots
 
     n = len(curves)
     cols = min(n, 4)
@@ -822,6 +825,7 @@ def plot_secondary(spec: dict, records: dict, path: Path, client=None) -> Path |
             ax.plot(xs, [c[x] for x in xs], marker=".", label=arm)
         ax.set_title(name, fontsize="small")
         ax.set_xlabel("step", fontsize="small")
+        integer_steps(ax)
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[n:]:
         ax.axis("off")
@@ -845,6 +849,7 @@ def plot_family(spec: dict, records: dict, results: dict, path: Path, client=Non
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # heavy, only for plots
+    from analysis.plots import integer_steps  # imports matplotlib: only for plots
 
     client = client or MlflowClient(store_uri(spec))
     scale = spec["metric"].get("scale", 1)
@@ -874,6 +879,7 @@ def plot_family(spec: dict, records: dict, results: dict, path: Path, client=Non
         verdict = (results.get(arm) or {}).get("verdict") if arm != spec["control"] else "control"
         ax.set_title(f"{arm}: {verdict}" if evals else f"{arm}: not run", fontsize="small")
         ax.set_xlabel("training step", fontsize="small")
+        integer_steps(ax)
         ax.grid(alpha=0.3)
         ax.legend(fontsize="xx-small", loc="lower right")
     for ax in list(axes.flat)[len(arms):]:

@@ -13,12 +13,18 @@ from harness.runtime.provenance import cpu_family_model, cpu_model
 pytest_plugins = ["tests.tiers"]  # the slow / distributed / servers / vllm markers (make test-fast)
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared" / "data"
 CONF = ROOT / "conf"
+DATA = ROOT / "tests" / "data"  # the committed excerpts of GSM8K and MATH (tests/data/README.md)
+DATA_ENV = {"gsm8k": "HARNESS_GSM8K_DIR", "math": "HARNESS_MATH_DIR"}
 
-# Tests read the local copies of the data sets (never the hub).
-os.environ.setdefault("HARNESS_GSM8K_DIR", str(SHARED / "gsm8k"))
-os.environ.setdefault("HARNESS_MATH_DIR", str(SHARED / "math"))
+# Every test, and every job a test starts, reads the fixtures: the same data on every machine, never
+# the hub (make test sets HF_HUB_OFFLINE=1). The folders the caller's HARNESS_*_DIR named (the Makefile
+# sets them where the development layout has whole copies) stay in HARNESS_*_DIR_WHOLE for the few
+# tests marked ``full_data`` (:func:`full_data`); kept once, as this module is imported twice (by
+# pytest, and as ``tests.conftest`` by the test modules).
+for _task, _var in DATA_ENV.items():
+    os.environ.setdefault(f"{_var}_WHOLE", os.environ.get(_var, ""))
+    os.environ[_var] = str(DATA / _task)
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 # HARNESS_TEST_THREADS=n: the thread count of every process the tests train in: this one
@@ -105,6 +111,16 @@ def tiny_llama(tokenizer, seed: int = 0, dtype: torch.dtype = torch.float32, **k
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return keep_float64(model.to(dtype))
+
+
+def full_data(task: str) -> Path:
+    """The whole data set of ``task`` (``gsm8k`` or ``math``) for a ``full_data`` test; skips the test,
+    naming the variable to set, when pytest started without it."""
+    folder = os.environ.get(f"{DATA_ENV[task]}_WHOLE")
+    if not folder or not Path(folder).is_dir():
+        pytest.skip(f"needs the whole {task} data set: {DATA_ENV[task]} named no folder when pytest started "
+                    "(make test sets it where the development layout has one; the other tests read tests/data/)")
+    return Path(folder)
 
 
 @pytest.fixture

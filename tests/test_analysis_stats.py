@@ -161,6 +161,46 @@ def test_plots_skip_missing_data(tmp_path, capsys):
     assert empty == {}
 
 
+def test_every_step_axis_has_integer_ticks_on_a_2_step_run(tmp_path, monkeypatch):
+    """A 2-step run: matplotlib's default locator labels the x axis 1.0, 1.2, ... 2.0. Every figure
+    with steps on its x axis (analysis.plots, analysis.ablation, analysis.study's primary, secondary
+    and family figures) labels integers only."""
+    import re
+    from types import SimpleNamespace
+
+    from matplotlib.figure import Figure
+
+    from analysis import ablation, study
+    from analysis.plots import make_plots
+
+    labels, savefig = [], Figure.savefig
+
+    def record(fig, *args, **kwargs):  # the tick labels of every step axis, as drawn
+        savefig(fig, *args, **kwargs)
+        labels.extend([t.get_text() for t in ax.get_xticklabels()] for ax in fig.axes if "step" in ax.get_xlabel())
+
+    monkeypatch.setattr(Figure, "savefig", record)
+    runs = pd.DataFrame({"run_id": ["r1"], "estimator": ["grpo"], "group_size": [4], "seed": [0]})
+    hist = pd.DataFrame([("r1", key, s, 0.1 * s, s) for key in ("train/reward_mean", "eval/accuracy",
+                                                               "train/completion_len_mean") for s in (1, 2)],
+                        columns=["run_id", "key", "step", "value", "timestamp"])
+    make_plots(runs, hist, out=tmp_path, verbose=False)
+    recs = {arm: {0: ablation.RunRecord(f"{arm}0", "grpo", 0, [1, 2], np.array([[0, 1], [1, 1]]), {1: 1.0, 2: 2.0},
+                                        1.0, 1.0)} for arm in ("A", "B")}
+    ablation.plot([recs["A"][0]], tmp_path, n_boot=8)
+    client = SimpleNamespace(get_metric_history=lambda run_id, key: [SimpleNamespace(step=s, value=0.1 * s)
+                                                                      for s in (1, 2)])
+    spec = {"name": "s", "arms": {"A": [], "B": []}, "control": "A", "treatment": "B", "comparisons": ["B"],
+            "steps": 2, "metric": {"name": "eval/accuracy", "summary": "final", "scale": 100},
+            "test": {"kind": "difference"}, "secondary": ["train/entropy"]}
+    study.plot(spec, recs, {"verdict": "inconclusive"}, tmp_path / "s.png", client)
+    study.plot_secondary(spec, recs, tmp_path / "s2.png", client)
+    study.plot_family(spec, recs, {}, tmp_path / "s3.png", client)
+    # 3 from make_plots (reward, eval accuracy, completion length), ablation 1, study 1 + 1 + 2 panels
+    assert len(labels) == 8 and all(labels)
+    assert all(re.fullmatch(r"[-\u2212]?\d+", t) for axis in labels for t in axis), labels
+
+
 def test_welch_constant_samples_is_nan():
     assert all(math.isnan(v) for v in welch_p([2.0, 2.0], [3.0, 3.0]))
 

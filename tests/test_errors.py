@@ -9,11 +9,11 @@ from harness.launch.validate import ConfigError, validate
 from tests.conftest import QUICK, compose
 
 
-def _cli(*args, env=None):
+def _cli(*args, env=None, unset=()):
     import os
     import tempfile
 
-    e = dict(os.environ, **(env or {}))
+    e = {k: v for k, v in dict(os.environ, **(env or {})).items() if k not in unset}
     with tempfile.TemporaryDirectory() as cwd:  # nothing lands in the repository
         return subprocess.run([sys.executable, "-m", "harness.run", *args], cwd=cwd, capture_output=True,
                               text=True, timeout=300, env=e)
@@ -82,6 +82,55 @@ def test_missing_data_folder_names_path_and_how_to_set_it(run_dir):
     assert r.returncode == 2
     assert "/nonexistent/gsm8k" in r.stderr and "HARNESS_GSM8K_DIR" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+@pytest.fixture
+def failing_hub():
+    """A stand-in for the Hugging Face hub (``HF_ENDPOINT``) that answers every request with 503 and
+    records the paths asked for: ``(endpoint, paths)``."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    paths = []
+
+    class Unavailable(BaseHTTPRequestHandler):
+        def do_GET(self):
+            paths.append(self.path)
+            self.send_error(503)
+
+        do_HEAD = do_GET
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Unavailable)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", paths
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize("offline", [False, True], ids=["hub-unavailable", "offline-no-cache"])
+def test_no_data_folder_and_no_hub_is_one_error_naming_both_fixes_before_the_model(tmp_path, failing_hub, offline):
+    """``make run`` in a clone alone (no data folder) with no hub: one error naming the folder's variable
+    and the hub dataset, after one request to the hub (``datasets`` alone retries for about 25 s a file
+    and ends in a traceback), before the embedded model is converted (its cache stays empty)."""
+    endpoint, asked = failing_hub
+    cache = tmp_path / "model-cache"
+    r = _cli(env={"HF_ENDPOINT": endpoint, "HF_HUB_OFFLINE": "1" if offline else "0", "HARNESS_CACHE": str(cache),
+                  "HF_HOME": str(tmp_path / "hf"), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/m.db"},
+             unset=("HARNESS_GSM8K_DIR",))  # the defaults: task=gsm8k, the embedded model
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    error = [line for line in r.stderr.splitlines() if line.startswith("error: ")]
+    assert len(error) == 1 and error[0].startswith(
+        "error: no data for task=gsm8k: no local folder is set (task.data_dir, $HARNESS_GSM8K_DIR) and the Hugging "
+        "Face hub cannot serve 'openai/gsm8k' (")
+    assert ("Either point HARNESS_GSM8K_DIR=<folder> or task.data_dir=<folder> at a folder holding train.jsonl and "
+            "test.jsonl, or make the hub dataset 'openai/gsm8k' reachable (") in error[0]
+    assert ("offline mode (HF_HUB_OFFLINE=1), no copy in the cache" in error[0]) == offline
+    # asked once (huggingface_hub may ask the endpoint other things of its own, e.g. /api/agent-harnesses)
+    assert [p.split("?")[0] for p in asked if "gsm8k" in p] == ([] if offline else ["/api/datasets/openai/gsm8k"])
+    assert not cache.exists() or not any(cache.iterdir())
 
 
 def test_malformed_jsonl_names_file_and_line(tmp_path):

@@ -646,17 +646,26 @@ def check_data_dir(key, tmp_path, monkeypatch):
 
 
 def check_hub_ids(key, tmp_path, monkeypatch):
-    """With no data folder the task loads the configured hub ids (datasets.load_dataset is
-    replaced by a recorder serving local rows: no hub is reachable here)."""
+    """With no data folder the task asks the hub for the configured ids and loads them
+    (huggingface_hub's HfApi and datasets.load_dataset are replaced by recorders serving local rows:
+    no hub is reachable here)."""
     import datasets
 
+    import harness.tasks.data as data_mod
     from harness.tasks import build_task
     from tests.conftest import compose
 
     monkeypatch.delenv("HARNESS_GSM8K_DIR", raising=False)
     monkeypatch.delenv("HARNESS_MATH_DIR", raising=False)
     task, field = key.split("/")[1].split(".")
-    calls = []
+    calls, asked = [], []
+
+    class Api:  # harness.tasks.data.from_hub's one request per dataset id
+        def dataset_info(self, repo_id, timeout):
+            asked.append(repo_id)
+
+    monkeypatch.setattr(data_mod, "HfApi", Api)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)  # the request is made online only
     math_rows = _head(_data("math") / "math500_test.jsonl", 6)
 
     def fake_load(name, config=None, split=None, **kw):
@@ -674,12 +683,14 @@ def check_hub_ids(key, tmp_path, monkeypatch):
              "hub_eval_id": "someone/math-500"}[field]
     for v in (None, value):
         calls.clear()
+        asked.clear()
         extra = [f"task.{field}={v}"] if v else []
         cfg = compose(f"task={task}", "task.data_dir=null", "task.eval_size=4", *extra)  # 6 rows served
         build_task(cfg.task)
         names = {c[0] for c in calls} | {c[1] for c in calls}
         if v:
             assert v in names, f"task.{field}={v} was not what the task loaded: {calls}"
+            assert field == "hub_config" or v in asked, f"task.{field}={v} was not what the task asked for: {asked}"
         else:
             default = compose(f"task={task}").task[field]
             assert default in names and value not in names

@@ -128,11 +128,25 @@ def test_verl_compute_gpg_outcome_advantage():
     assert not torch.allclose(compute_advantages(r, "gpg"), verl)
 
 
+def _verl_masked_whiten(x: torch.Tensor, mask: torch.Tensor, count_eps: float = 1e-8) -> torch.Tensor:
+    """verl b178a3c, `verl/utils/torch_functional.py` `masked_whiten`: masked mean, Bessel-corrected
+    masked variance, `(x - mean) rsqrt(var + 1e-8)`. With the default `count_eps` it is verbatim:
+    verl's `masked_mean` divides by `sum(mask) + 1e-8`, for the mean and for the variance. With
+    `count_eps=0`, the exact masked mean the harness takes (verl's `masked_var` refuses an empty
+    mask, so the 1e-8 guards nothing there and only nudges the result)."""
+    n = mask.sum()
+    mean = (x * mask).sum() / (n + count_eps)
+    var = ((x - mean).square() * mask).sum() / (n + count_eps) * (n / (n - 1))
+    return (x - mean) * torch.rsqrt(var + 1e-8)
+
+
 def test_verl_compute_gae_advantage_return_lam_1():
     """verl b178a3c, `verl/trainer/ppo/core_algos.py` `compute_gae_advantage_return`: the backward GAE loop
     (`delta = r_t + gamma V_{t+1} - V_t`, masked positions skipped) with verl's default
     `lam=1.0`, then `verl_F.masked_whiten` (Bessel-corrected variance, `rsqrt(var + 1e-8)`).
-    Harness: `advantage=ppo advantage.lam=1.0` (gamma 1.0, whiten, unbiased as defaults)."""
+    Harness: `advantage=ppo advantage.lam=1.0` (gamma 1.0, whiten, unbiased as defaults), to 1e-12
+    against `masked_whiten` without the `+ 1e-8` in `masked_mean`'s count; verbatim verl, with it,
+    lies 1.6e-9 away on these 9 tokens (measured, asserted)."""
     mask = MASK[[0, 1, 3]]
     lengths = [3, 1, 5]
     token_rewards = torch.zeros(3, 5, dtype=F64)
@@ -151,14 +165,13 @@ def test_verl_compute_gae_advantage_return_lam_1():
         last = new_last * mask[:, t] + (1 - mask[:, t]) * last
         rev.append(last)
     adv = torch.stack(rev[::-1], 1)
-    mean = (adv * mask).sum() / mask.sum()
-    var = ((adv - mean).square() * mask).sum() / mask.sum() * (mask.sum() / (mask.sum() - 1))
-    verl = (adv - mean) * torch.rsqrt(var + 1e-8) * mask
+    verl = _verl_masked_whiten(adv, mask, count_eps=0.0) * mask
     ctx = AdvantageContext(scores=torch.tensor([[1.0, 0.0, 0.5]], dtype=F64), token_rewards=token_rewards,
                            mask=mask, values=values)
     ours = estimate_advantages("ppo", ctx, lam=1.0).advantages
     torch.testing.assert_close(ours * mask, verl, **TOL)
     assert not torch.allclose(estimate_advantages("ppo", ctx).advantages * mask, verl)
+    assert 1.5e-9 < (_verl_masked_whiten(adv, mask) * mask - verl).abs().max() < 1.7e-9  # the count's 1e-8
 
 
 # ----------------------------------------------------------------- verl outcome estimators, KL placement
@@ -179,35 +192,29 @@ def _outcome_token_rewards(scores: torch.Tensor) -> torch.Tensor:
     return tr
 
 
-def _verl_masked_whiten(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """verl `verl/utils/torch_functional.py` `masked_whiten`: masked mean, Bessel-corrected masked
-    variance, `(x - mean) rsqrt(var + 1e-8)`."""
-    n = mask.sum()
-    mean = (x * mask).sum() / n
-    var = ((x - mean).square() * mask).sum() / n * (n / (n - 1))
-    return (x - mean) * torch.rsqrt(var + 1e-8)
-
-
 def test_verl_compute_reinforce_plus_plus_baseline_outcome_advantage():
     """verl `verl/trainer/ppo/core_algos.py` `compute_reinforce_plus_plus_baseline_outcome_advantage`
     (b178a3c): `score = token_level_rewards.sum(-1)`, minus its group mean, broadcast to every valid
     token, then `masked_whiten` over the batch. Harness: `advantage=reinforce_pp_baseline` with
-    `kl.placement=loss` or `none` (the token rewards are the outcome alone). With
+    `kl.placement=loss` or `none` (the token rewards are the outcome alone), to 1e-12 against
+    `masked_whiten` without the `+ 1e-8` in `masked_mean`'s count; verbatim verl, with it, lies
+    5.1e-10 away on these 20 tokens (measured, asserted). With
     `kl.placement=reward` (per-token KL in the token rewards) verl broadcasts the row sum, ours
     takes the return-to-go: they differ, checked here."""
-    def verl(token_rewards):
+    def verl(token_rewards, count_eps):
         s = token_rewards.sum(-1).reshape(2, 3)
         s = (s - s.mean(-1, keepdim=True)).reshape(6, 1)
-        return _verl_masked_whiten(s.expand(6, 5) * MASK_V, MASK_V) * MASK_V
+        return _verl_masked_whiten(s.expand(6, 5) * MASK_V, MASK_V, count_eps) * MASK_V
 
     tr = _outcome_token_rewards(SCORES_V)
     ctx = AdvantageContext(scores=SCORES_V, token_rewards=tr, mask=MASK_V)
     ours = estimate_advantages("reinforce_pp_baseline", ctx).advantages * MASK_V
-    torch.testing.assert_close(ours, verl(tr), **TOL)
+    torch.testing.assert_close(ours, verl(tr, 0.0), **TOL)
+    assert 5e-10 < (verl(tr, 1e-8) - verl(tr, 0.0)).abs().max() < 5.2e-10  # the count's 1e-8
     tr_kl = tr - KL_V
     ctx_kl = AdvantageContext(scores=tr_kl.sum(-1).reshape(2, 3), token_rewards=tr_kl, mask=MASK_V)
     ours_kl = estimate_advantages("reinforce_pp_baseline", ctx_kl).advantages * MASK_V
-    assert not torch.allclose(ours_kl, verl(tr_kl))
+    assert not torch.allclose(ours_kl, verl(tr_kl, 0.0))
 
 
 def test_verl_compute_remax_outcome_advantage():

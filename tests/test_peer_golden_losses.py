@@ -52,7 +52,10 @@ def test_trl_compute_loss_loss_type_sapo():
     `-sigmoid(tau (r - 1)) 4 / tau * A` (`tau` = `sapo_temperature_pos` 1.0 where `A > 0`, else
     `sapo_temperature_neg` 1.05), reduced as `"grpo"`: each row's token mean, then the mean over
     all rows, a fully masked one too. Harness: `policy_loss=sapo
-    loss_agg=seq-mean-token-mean loss_agg.count_masked_rows=true`."""
+    loss_agg=seq-mean-token-mean loss_agg.count_masked_rows=true`, to 1e-12 against `tau` in
+    float64. TRL builds `tau` as `torch.where(advantages > 0, 1.0, 1.05)`, a float32 tensor (two
+    Python floats), so its 1.05 runs as 1.0499999523162842: verbatim TRL lies 6.6e-8 (relative)
+    from this loss (measured, asserted)."""
     logp, per_token = _loss("sapo")
     ratio = LOG_RATIO.exp()
     tau = torch.where(ADV > 0, torch.full_like(ADV, 1.0), torch.full_like(ADV, 1.05))
@@ -60,6 +63,9 @@ def test_trl_compute_loss_loss_type_sapo():
     ours = aggregate_loss(per_token, MASK, "seq-mean-token-mean", count_masked_rows=True)
     torch.testing.assert_close(ours, trl, **TOL)
     assert not torch.isclose(aggregate_loss(per_token, MASK, "seq-mean-token-mean"), trl)
+    tau32 = torch.where(ADV > 0, 1.0, 1.05)  # TRL's verbatim tau
+    trl32 = _seq_token_mean_all_rows(-torch.sigmoid(tau32 * (ratio - 1)) * 4 / tau32 * ADV)
+    assert tau32.dtype == torch.float32 and 6.5e-8 < abs(float(trl32 / trl) - 1) < 6.7e-8
 
 
 def test_verl_compute_policy_loss_geo_mean():
@@ -287,8 +293,9 @@ def test_nemo_rl_calculate_kl_k1_k2_k3():
     kl.clamp=10` on every token, masked tokens 0. Gradients: NeMo-RL's weight `exp(logp - sg(logp))`
     adds the score-function term `k d logp`, which the harness gives with
     `kl.importance_correct=true` at `old = logp` (mu = 1) for k1 and k3 (k2 has no importance-corrected
-    form here: its gradient differs, no knob); on a token past the output clamp NeMo-RL's gradient
-    is 0 (it clamps `w k`), ours `10 d logp` (we clamp `k`, then weight)."""
+    form here: its gradient differs where 0 < k2 <= 10, no knob; past the clamp both are 0); on a token
+    past the output clamp NeMo-RL's gradient is 0 (it clamps `w k`), ours `10 d logp` (we clamp `k`,
+    then weight)."""
     beta = 0.01
     n_tok = MASK_NR.sum()
     for form in ("k1", "k2", "k3"):
@@ -308,6 +315,8 @@ def test_nemo_rl_calculate_kl_k1_k2_k3():
         moving = (nemo_tok.detach().abs() < 10) & (MASK_NR > 0) & (nemo_tok.detach() != 0)
         assert moving.any() and not torch.allclose(logp_h.grad[moving], logp_n.grad[moving])
         if form == "k2":  # no importance-corrected k2 in the harness (biased in value): no knob
+            past = (nemo_tok.detach().abs() >= 10) & (MASK_NR > 0)  # past the clamp: both gradients 0
+            assert past.any() and (logp_n.grad[past] == 0).all() and (logp_h.grad[past] == 0).all()
             continue
         # gradients: importance-corrected at old = logp equals NeMo-RL where |k| < 10 ...
         logp_ic = LOGP_NR.clone().requires_grad_()

@@ -1,5 +1,6 @@
 """Tasks: data loading, gold extraction, seeded eval subsets, the arith generator, prompts, rewards."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ from harness.tasks.arith import make_problem
 from harness import progress
 from harness.tasks.data import DataError, hf_datasets, load_jsonl
 from harness.tasks.gsm8k import gold_from_answer
-from tests.conftest import QUICK, compose
+from tests.conftest import DATA, QUICK, compose, full_data
 
 
 def test_gsm8k_gold_is_text_after_last_marker():
@@ -20,10 +21,15 @@ def test_gsm8k_gold_is_text_after_last_marker():
     assert gold_from_answer("a #### 1\nb #### 1,250") == "1250"
 
 
+def _lines(path: Path) -> int:
+    return sum(1 for line in path.read_text().splitlines() if line.strip())
+
+
 def test_gsm8k_local_files_and_fixed_seeded_eval_subset():
     cfg = compose(*QUICK, "task=gsm8k", "task.eval_size=20", "task.eval_seed=7").task
     a, b = build_task(cfg), build_task(cfg)
-    assert len(a.train) == 7473 and len(a.eval) == 20
+    assert a.sources["train"]["source"] == str(DATA / "gsm8k" / "train.jsonl")  # the fixtures, never the hub
+    assert len(a.train) == _lines(DATA / "gsm8k" / "train.jsonl") == 200 and len(a.eval) == 20
     assert [p.id for p in a.eval] == [p.id for p in b.eval]  # same seed, same subset
     other = build_task(compose(*QUICK, "task=gsm8k", "task.eval_size=20", "task.eval_seed=8").task)
     assert [p.id for p in other.eval] != [p.id for p in a.eval]
@@ -44,7 +50,20 @@ def test_math_task_reads_math500_and_filters():
                               "task.eval_size=null").task)
     assert task.eval and all(p.meta["level"] == 1 and p.meta["subject"] == "Algebra" for p in task.eval)
     assert all(p.id.startswith("test/algebra/") for p in task.eval)
-    assert len(task.train) > 100
+    rows = [json.loads(line) for line in (DATA / "math" / "train.jsonl").read_text().splitlines()]
+    kept = [r["problem"] for r in rows if r["level"] == 1 and r["subject"] == "Algebra"]
+    assert [p.question for p in task.train] == kept and 0 < len(kept) < len(rows)
+
+
+@pytest.mark.full_data
+@pytest.mark.parametrize("task,sizes,skipped", [("gsm8k", (7473, 1319), 0), ("math", (7498, 500), 2)])
+def test_whole_splits_load_with_their_published_sizes(task, sizes, skipped):
+    """The whole data sets (where the caller named them) load with the published sizes: GSM8K
+    7,473 / 1,319 (Cobbe et al. 2021), MATH-500's 500 (Lightman et al. 2023) and MATH's 7,500 train
+    problems less the 2 whose solution boxes nothing (an empty ``answer``: skipped and counted)."""
+    folder = full_data(task)
+    loaded = build_task(compose(*QUICK, f"task={task}", f"task.data_dir={folder}", "task.eval_size=null").task)
+    assert (len(loaded.train), len(loaded.eval), loaded.skipped_rows) == (*sizes, skipped)
 
 
 def test_arith_problems_are_deterministic_and_correct():

@@ -3,11 +3,11 @@
 import json
 import time
 from fractions import Fraction
-from pathlib import Path
 
 import pytest
 
 from harness.verifiers import safe_eval, split_steps, step_rewards
+from tests.conftest import DATA, full_data
 
 EVAL = [
     ("48/2", Fraction(24)),
@@ -174,12 +174,11 @@ def test_mixed_numbers_and_en_dash():
     assert step_rewards("She needs 2 + 1 1/2 = 3 1/2 square feet") == [(39, 1.0)]
 
 
-GSM8K_TEST = Path("/work/shared/data/gsm8k/test.jsonl")
-
-
-@pytest.mark.skipif(not GSM8K_TEST.exists(), reason="GSM8K data not available")
-def test_reference_solutions_score_almost_all_steps_correct():
-    rows = [json.loads(line) for line in GSM8K_TEST.read_text().splitlines() if line.strip()]
+@pytest.mark.parametrize("whole", [False, pytest.param(True, marks=pytest.mark.full_data)], ids=["fixture", "whole"])
+def test_reference_solutions_score_almost_all_steps_correct(whole):
+    """GSM8K's reference solutions: the fixture's 200 test problems and, where named, all 1,319."""
+    rows = [json.loads(line) for line in ((full_data("gsm8k") if whole else DATA / "gsm8k") / "test.jsonl")
+            .read_text().splitlines() if line.strip()]
     rewards = [r for row in rows for _, r in step_rewards(row["answer"])]
     assert len(rewards) > 3 * len(rows)  # nearly every solution has checkable steps
     # the few 0.0s are real slips in the reference data (e.g. "100 * 0.75 = $0.75")

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import copy
 import os
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -437,3 +440,30 @@ def test_gpu_train_overlap_pair_dry_run(tmp_path):
     assert ov["losses_equal_sequential"] and ov["loss_max_diff_rel"] == 0.0  # the tiny model: bit for bit
     assert len(ov["loss"]) == 3 and seq["device"].startswith("cpu")
     assert [json.loads(line)["job"] for line in out.read_text().splitlines()] == ["vllm_stale1", "vllm_stale1_overlap"]
+
+
+EXIT_SCRIPT = """
+import sys
+from transformers import AutoModelForCausalLM
+from harness.model.models import load_tokenizer
+from harness.rollout import SamplingParams, build_backend
+model, tok = AutoModelForCausalLM.from_pretrained(sys.argv[1]), load_tokenizer(sys.argv[1])
+backend = build_backend("vllm", model, tok, progress=False, kv_cache_gib=1, max_model_len=256)
+batch = backend.generate(["Say hi."], 2, SamplingParams(temperature=1.0, max_new_tokens=4, seed=1))
+print(backend._dir)
+"""
+
+
+def test_a_process_that_built_an_engine_exits_cleanly(tokenizer, tmp_path):
+    """A script that builds the backend, generates once and exits without close() exits 0, prints
+    no traceback at exit (no "Exception ignored" from a cleanup run after the module globals are
+    torn down) and leaves no temporary model folder: the cleanup ran, at exit."""
+    folder = tmp_path / "tiny64"
+    _tiny(tokenizer).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    proc = subprocess.run([sys.executable, "-c", EXIT_SCRIPT, str(folder)], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parents[1], timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr[-3000:]
+    engine_dir = Path(proc.stdout.strip().splitlines()[-1])
+    assert engine_dir.name.startswith("harness-vllm-") and not engine_dir.exists()

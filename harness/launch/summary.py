@@ -84,11 +84,15 @@ def venv_command(name: str) -> str:
 
 def next_commands(uri: str) -> list[str]:
     """The summary's last lines: how to look at this run, and how to compare it with others, as
-    commands that work in a new shell (the virtual environment's own ``mlflow`` and ``python``)."""
+    commands that work in a new shell from any folder (the virtual environment's own ``mlflow`` and
+    ``harness-report``, the installed :mod:`analysis.report`; ``python -m analysis.report``, which
+    needs the repository root, only where the environment lacks the script, e.g. a source tree on
+    ``PYTHONPATH``)."""
     where = f"--tracking-uri {uri}"
+    installed = (Path(sys.executable).parent / "harness-report").exists()
+    report = venv_command("harness-report") if installed else f"{venv_command('python')} -m analysis.report"
     return [f"look at it    : {venv_command('mlflow')} ui --backend-store-uri {uri}   (then open http://127.0.0.1:5000)",
-            f"compare runs  : {venv_command('python')} -m analysis.report {where} "
-            "[--sweep ID --a estimator=grpo --b estimator=rloo]   (-> reports/)"]
+            f"compare runs  : {report} {where} [--sweep ID --a estimator=grpo --b estimator=rloo]   (-> reports/)"]
 
 
 def final_weights_line(ckpt_dir: Path) -> list[str]:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import weakref
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -111,6 +112,10 @@ class VLLMRollout:
         self.sleep_between = sleep
         self.asleep = False
         self._dir = tempfile.mkdtemp(prefix="harness-vllm-")
+        self._engine: list = []  # the engine once built, for _release (which must not hold self)
+        # runs once: at close(), when the backend is collected, or at interpreter exit from atexit,
+        # while module globals are alive (a __del__ may run after they are torn down to None)
+        self._finalizer = weakref.finalize(self, _release, self._engine, self._dir)
         self.adapter = AdapterSync(model, self._dir) if params.lora_sync == "adapter" else None
         # each torchrun rank builds its own engine; lora=peft: the merged weights in the base model's
         # names, or the base weights alone when the adapters are served apart (lora_sync=adapter)
@@ -132,6 +137,7 @@ class VLLMRollout:
         os.environ.setdefault("OMP_NUM_THREADS", str(threads))
         try:
             self.llm = vllm.LLM(**kwargs)
+            self._engine.append(self.llm)
         finally:
             torch.set_num_threads = set_threads
             torch.set_num_threads(threads)
@@ -244,16 +250,23 @@ class VLLMRollout:
         return samples
 
     def close(self) -> None:
-        """Shut the engine down and remove its temporary model folder. Under ``torchrun`` this must
-        come before the process group is destroyed: vLLM's own shutdown (otherwise run at exit)
-        destroys the groups it made inside the torchrun world and fails once they are gone."""
-        client = getattr(getattr(getattr(self, "llm", None), "llm_engine", None), "engine_core", None)
-        if client is not None and hasattr(client, "shutdown"):
-            client.shutdown()
-        shutil.rmtree(getattr(self, "_dir", ""), ignore_errors=True)
+        """Shut the engine down and remove its temporary model folder (:func:`_release`); a second
+        call does nothing. Under ``torchrun`` this must come before the process group is destroyed:
+        vLLM's own shutdown (otherwise run at exit) destroys the groups it made inside the torchrun
+        world and fails once they are gone."""
+        self._finalizer()
 
-    def __del__(self):
-        self.close()
+
+def _release(engine: list, folder: str) -> None:
+    """Shut down the engine in ``engine`` (empty if it was never built) and remove ``folder``.
+
+    A module function holding no reference to the backend, run by ``weakref.finalize`` at most
+    once: from :meth:`VLLMRollout.close`, when the backend is collected, or at exit."""
+    client = getattr(getattr(engine[0] if engine else None, "llm_engine", None), "engine_core", None)
+    if client is not None and hasattr(client, "shutdown"):
+        client.shutdown()
+    engine.clear()
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _token_logprob(entry: dict, token: int) -> float:

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 from pathlib import Path
 
+from huggingface_hub import HfApi
+
 log = logging.getLogger(__name__)
+
+HUB_TIMEOUT_S = 10.0
+"""How long :func:`from_hub` waits for the hub's answer about one dataset, in seconds."""
 
 
 def hf_datasets():
@@ -42,6 +48,49 @@ def resolve_data_dir(configured: str | None, env_var: str) -> Path | None:
             f"point task.data_dir=... or {env_var}=... at a folder holding the JSONL files"
         )
     return path
+
+
+@contextlib.contextmanager
+def from_hub(task: str, repo_ids: tuple[str, ...], env_var: str, files: str):
+    """Load ``task``'s data from the Hugging Face hub inside this block, or stop with one clear error.
+
+    Before the block, each of ``repo_ids`` is asked for once (``HfApi.dataset_info``, waiting at most
+    :data:`HUB_TIMEOUT_S`): ``datasets`` retries an unreachable hub five times (about 25 s) before it
+    raises ``ConnectionError``, where one request answers at once. In offline mode (``HF_HUB_OFFLINE=1``)
+    nothing is asked and ``datasets`` reads its cache. A hub that cannot serve the data, either way,
+    becomes a :class:`DataError` naming both fixes: a local folder holding ``files`` (``task.data_dir``
+    or ``$env_var``) and the hub dataset ids.
+
+    Raises:
+        DataError: the hub is unreachable, refuses a dataset id, or is offline without a cached copy.
+    """
+    offline = hf_datasets().config.HF_HUB_OFFLINE
+    ids = " and ".join(repr(r) for r in repo_ids)
+    how = ("unset HF_HUB_OFFLINE, with network access or HF_ENDPOINT naming a mirror" if offline else
+           "network access, or HF_ENDPOINT naming a mirror; a copy already in the Hugging Face cache loads with "
+           "HF_HUB_OFFLINE=1")
+
+    def error(reason: str) -> DataError:
+        return DataError(
+            f"no data for task={task}: no local folder is set (task.data_dir, ${env_var}) and the Hugging Face "
+            f"hub cannot serve {ids} ({reason}). Either point {env_var}=<folder> or task.data_dir=<folder> at "
+            f"a folder holding {files}, or make the hub dataset{'s' if len(repo_ids) > 1 else ''} {ids} "
+            f"reachable ({how})")
+
+    if not offline:
+        for repo_id in repo_ids:
+            try:
+                HfApi().dataset_info(repo_id, timeout=HUB_TIMEOUT_S)
+            except Exception as e:  # no connection, a timeout, an HTTP status, authentication: one message
+                raise error(f"{type(e).__name__}: {_first_line(e)}") from e
+    try:
+        yield
+    except ConnectionError as e:  # datasets' "Couldn't reach ... on the Hub"; OfflineModeIsEnabled
+        raise error(("offline mode (HF_HUB_OFFLINE=1), no copy in the cache: " if offline else "") + _first_line(e)) from e
+
+
+def _first_line(e: BaseException) -> str:
+    return next(iter(str(e).strip().splitlines()), "")
 
 
 def _find_bad_line(path: Path) -> str:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from harness.tasks.base import TASKS, Problem, Shot, Task, TaskConfig
-from harness.tasks.data import hf_datasets, load_jsonl, require_fields, resolve_data_dir
+from harness.tasks.data import from_hub, hf_datasets, load_jsonl, require_fields, resolve_data_dir
 
 ENV_VAR = "HARNESS_GSM8K_DIR"
 
@@ -32,7 +32,7 @@ def gold_from_answer(answer: str) -> str:
 
 @dataclass
 class GSM8KTaskConfig(TaskConfig):
-    """GSM8K. Local files: task.data_dir=../shared/data/gsm8k or HARNESS_GSM8K_DIR; else the hub."""
+    """GSM8K. Local files: task.data_dir=<folder> or HARNESS_GSM8K_DIR; else the hub (``hub_id``)."""
 
     name: str = "gsm8k"
     eval_size: Optional[int] = 48
@@ -57,17 +57,13 @@ class GSM8KTask(Task):
     def __init__(self, cfg):
         super().__init__(cfg)
         data_dir = resolve_data_dir(cfg.data_dir, ENV_VAR)
+        if data_dir is not None:
+            raw = {split: self._local_rows(data_dir / f"{split}.jsonl", split) for split in ("train", "test")}
+        else:
+            with from_hub(self.name, (cfg.hub_id,), ENV_VAR, "train.jsonl and test.jsonl"):
+                raw = {split: self._hub_rows(split) for split in ("train", "test")}
         splits = {}
-        for split in ("train", "test"):
-            if data_dir is not None:
-                path = data_dir / f"{split}.jsonl"
-                rows, source = load_jsonl(path), str(path)
-                self.record_source(split, path)
-            else:
-                ds = hf_datasets().load_dataset(cfg.hub_id, cfg.hub_config, split=split)
-                rows = ds.to_list()
-                source = f"{cfg.hub_id}[{split}]"
-                self.record_source(split, f"hub:{cfg.hub_id}/{cfg.hub_config}[{split}]", getattr(ds, "_fingerprint", ""))
+        for split, (rows, source) in raw.items():
             rows, lines, skipped = require_fields(rows, ("question", "answer"), source, cfg.strict)
             self.skipped_rows += skipped
             splits[split] = [
@@ -78,3 +74,15 @@ class GSM8KTask(Task):
         train = splits["train"]
         self.train = train[: cfg.train_size] if cfg.train_size else train
         self.eval = self.pick_eval(splits["test"])
+
+    def _local_rows(self, path, split: str) -> tuple[list[dict], str]:
+        """``(rows, source)`` of one split's local JSONL file."""
+        self.record_source(split, path)
+        return load_jsonl(path), str(path)
+
+    def _hub_rows(self, split: str) -> tuple[list[dict], str]:
+        """``(rows, source)`` of one split of ``task.hub_id`` / ``task.hub_config``."""
+        cfg = self.cfg
+        ds = hf_datasets().load_dataset(cfg.hub_id, cfg.hub_config, split=split)
+        self.record_source(split, f"hub:{cfg.hub_id}/{cfg.hub_config}[{split}]", getattr(ds, "_fingerprint", ""))
+        return ds.to_list(), f"{cfg.hub_id}[{split}]"

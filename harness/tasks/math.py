@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from harness.tasks.base import TASKS, Problem, Shot, Task, TaskConfig
-from harness.tasks.data import hf_datasets, load_jsonl, require_fields, resolve_data_dir
+from harness.tasks.data import from_hub, hf_datasets, load_jsonl, require_fields, resolve_data_dir
 from harness.verifiers import extract_boxed
 from harness.verifiers.batch import MathVerifyParams
 
@@ -65,7 +65,8 @@ class MathTask(Task):
             train_rows = self._rows(data_dir / "train.jsonl")
             eval_rows = self._rows(data_dir / "math500_test.jsonl")
         else:
-            train_rows, eval_rows = self._hub_rows()
+            with from_hub(self.name, (cfg.hub_train_id, cfg.hub_eval_id), ENV_VAR, "train.jsonl and math500_test.jsonl"):
+                train_rows, eval_rows = self._hub_rows()
         self.train = self._filter(train_rows)
         if cfg.train_size:
             self.train = self.train[: cfg.train_size]
