@@ -57,7 +57,9 @@ What the command does:
   nominal alpha and stops at the first decided look. The two-level bootstrap of
   :func:`analysis.ablation.bootstrap` (seeds and problems / steps) is reported beside it, not
   tested; for a study whose runs started before 2026-12-04 the report names the verdict that rule
-  gave when it differs.
+  gave when it differs. The looks' nominal alphas are the t statistic's boundaries
+  (:func:`analysis.seedtest.nominal_levels`); a study whose runs started before those decided
+  (``T_BOUNDARIES_SINCE``) names the z boundaries' verdict and interval beside its own when they differ.
 * **power** of the deciding test at the measured spread ``sd``, exact: the paired t-test's power for
   ``delta`` (noncentral t), the difference it detects with 80% power and the seeds 80% needs; for
   an equivalence, the TOST power at a true difference of 0 (integrated over the sample sd) and the
@@ -99,6 +101,9 @@ SEQUENTIAL_KEYS = ("first", "add", "max_seeds", "boundary")
 # the paired-t rule replaced the two-level bootstrap rule on this date (issue 45); a study whose runs
 # started before it shows the verdict the bootstrap rule gave beside the re-issued one
 RULE_SINCE = "2026-12-04"
+# the sequential looks decided at z boundaries until this date, at the t boundaries since (issue 57); a
+# study whose runs started before it shows the verdict the z boundaries gave when it differs
+T_BOUNDARIES_SINCE = "2026-12-06"
 
 
 class StudyError(ValueError):
@@ -440,16 +445,42 @@ def power_analysis(test: dict, sd: float, n: int) -> dict:
     return out
 
 
-def design_looks(spec: dict, n_run: int) -> tuple[list[int], list[float]]:
-    """``(looks, nominal two-sided alphas)``: the ``sequential`` looks and their boundary's levels, or
-    one look at the ``n_run`` seeds run with the fixed design's ``1 - level``."""
+def design_looks(spec: dict, n_run: int, z: bool = False) -> tuple[list[int], list[float]]:
+    """``(looks, nominal two-sided alphas)``: the ``sequential`` looks and their boundary's levels (the
+    t boundaries that decide; with ``z`` the z boundaries of :func:`analysis.seedtest.z_nominal_levels`,
+    for the re-issue note), or one look at the ``n_run`` seeds run with the fixed design's ``1 - level``."""
     test = spec["test"]
     level = seedtest.interval_level(test["kind"], test.get("alpha", 0.05))
     if "sequential" not in spec:
         return [n_run], [1 - level]
     seq = spec["sequential"]
     looks = seedtest.look_sizes(seq["first"], seq["add"], seq["max_seeds"])
-    return looks, [float(x) for x in seedtest.nominal_levels(seq["boundary"], looks, 1 - level)]
+    levels = (seedtest.z_nominal_levels if z else seedtest.nominal_levels)(seq["boundary"], looks, 1 - level)
+    return looks, [float(x) for x in levels]
+
+
+def t_table_designs(spec: dict) -> list[tuple[str, tuple, float]]:
+    """``(boundary, looks, total)`` of the sequential design a study's verdicts use (one per study:
+    a family's comparisons share theirs), for :func:`analysis.seedtest.write_t_table`; [] for a fixed
+    design or a Bonferroni boundary."""
+    if "sequential" not in spec or spec["sequential"]["boundary"] == "bonferroni":
+        return []
+    sub = multiarm.sub_spec(spec, spec["comparisons"][0]) if "comparisons" in spec else spec
+    seq, test = spec["sequential"], sub["test"]
+    looks = tuple(seedtest.look_sizes(seq["first"], seq["add"], seq["max_seeds"]))
+    return [(seq["boundary"], looks, 1 - seedtest.interval_level(test["kind"], test.get("alpha", 0.05)))]
+
+
+def z_boundary_verdict(spec: dict, values: list[float]) -> dict | None:
+    """The sequential rule over the per-seed effects ``values`` (registered order) at the z levels
+    (:func:`design_looks` with ``z``): ``verdict``, ``seeds``, ``effect``, ``lo``, ``hi`` at its
+    stopping look; None when no look was taken."""
+    looks, levels = design_looks(spec, len(values), z=True)
+    seq = seedtest.sequential(np.asarray([values], dtype=float), spec["test"], looks, levels)
+    if not seq["code"].shape[1]:
+        return None
+    return {"verdict": VERDICT_NAMES[int(seq["verdict"][0])], "seeds": int(seq["seeds_used"][0]),
+            **{k: float(seq[f"{k}_final"][0]) for k in ("mean", "lo", "hi")}}
 
 
 def analyse(spec: dict, records: dict, n_boot: int = 2000, seed: int = 0, client=None) -> dict:
@@ -491,6 +522,7 @@ def analyse(spec: dict, records: dict, n_boot: int = 2000, seed: int = 0, client
              {"effect": math.nan, "lo": math.nan, "hi": math.nan, "level": out["level"], "verdict": "inconclusive"})
     if "sequential" in spec and taken:  # a sequential study registers the runs up to the look it stopped at
         out["runs_registered"] = len(counted) * looks[k]
+        out["z_boundaries"] = z_boundary_verdict(spec, [float(by_seed[s]) for s in ordered])
     return {**out, **final, "units": d.shape[1], "seeds_used": len(used),
             "looks": look_rows if "sequential" in spec else [], "per_seed": [float(x) for x in per_seed],
             "bootstrap": {"lo": blo, "hi": bhi, "verdict": verdict(test, blo, bhi, len(seeds))},
@@ -610,6 +642,11 @@ def verdict_text(spec: dict, result: dict) -> str:
         below.append("a 1-step window: below the 2-step minimum")
     if below:
         v += f" ({'; '.join(below)})"
+    if result.get("verdict_before_t"):
+        z, sc = result["verdict_before_t"], spec["metric"].get("scale", 1)
+        v += (f"; re-issued under the t boundaries: the z boundaries used before {T_BOUNDARIES_SINCE} read "
+              f"\"{z['verdict']}\" at {z['seeds']} seeds, {_num(z['mean'], sc, True)} [{_num(z['lo'], sc, True)}, "
+              f"{_num(z['hi'], sc, True)}]")
     if result.get("verdict_before"):
         v += (f"; re-issued under the paired-t rule: the two-level bootstrap rule used before {RULE_SINCE} read "
               f"\"{result['verdict_before']}\"")
@@ -639,7 +676,9 @@ def _look_lines(spec: dict, result: dict) -> list[str]:
     seq, sc = spec["sequential"], spec["metric"].get("scale", 1)
     looks, levels = design_looks(spec, 0)
     out = [f"Sequential design: first {seq['first']} seeds, then {seq['add']} more per look up to {seq['max_seeds']}; "
-           f"boundary `{seq['boundary']}` ({BOUNDARY_TEXT[seq['boundary']]}).", "",
+           f"boundary `{seq['boundary']}` ({BOUNDARY_TEXT[seq['boundary']]}). Each look's nominal alpha is the "
+           f"two-sided level of the paired t interval at the look's t boundary (the boundary of the t statistic "
+           f"with seeds - 1 df, simulated under the null: `analysis.seedtest.nominal_levels`).", "",
            "| look | seeds | nominal alpha (two-sided) | effect [interval] | decision |", "|---|---|---|---|---|"]
     done = {r["seeds"]: r for r in result.get("looks", [])}
     for i, (n, a) in enumerate(zip(looks, levels)):
@@ -1030,6 +1069,7 @@ def report(spec: dict, study_file: Path, root: Path = RESULTS, machine: str | No
     boot = result.get("bootstrap", {}).get("verdict")
     if boot and boot != result["verdict"] and meta["first"] < RULE_SINCE:  # issued under the old rule
         result["verdict_before"] = boot
+    _mark_reissued(result, meta)
     suffix = "-gpu" if spec.get("variant") == "gpu" else ""
     path = root / "studies" / f"{spec['name']}{suffix}.md"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -1041,6 +1081,15 @@ def report(spec: dict, study_file: Path, root: Path = RESULTS, machine: str | No
     d.mkdir(parents=True, exist_ok=True)
     (d / "result.json").write_text(json.dumps(result, indent=1, sort_keys=True, default=float) + "\n")
     return result
+
+
+def _mark_reissued(result: dict, meta: dict) -> None:
+    """``result["verdict_before_t"]``: the z boundaries' verdict (:func:`z_boundary_verdict`) when it
+    differs from the t boundaries' and the study's runs started before those decided
+    (``T_BOUNDARIES_SINCE``): the report names the verdict it was issued with."""
+    z = result.get("z_boundaries")
+    if z and z["verdict"] != result["verdict"] and meta["first"] < T_BOUNDARIES_SINCE:
+        result["verdict_before_t"] = z
 
 
 def family_figure(spec: dict, root: Path) -> Path:
@@ -1058,6 +1107,7 @@ def _report_family(spec: dict, study_file: Path, root: Path, machine: str | None
     for arm in spec["comparisons"]:
         sub = multiarm.sub_spec(spec, arm)
         result = analyse(sub, records, client=client)
+        _mark_reissued(result, meta)
         path = root / "studies" / f"{spec['name']}--{arm}.md"
         path.parent.mkdir(parents=True, exist_ok=True)
         write_report(sub, result, records, path, study_file, meta, client)
@@ -1094,7 +1144,13 @@ def main(argv=None) -> int:
     ap.add_argument("--machine", default=None, help="the machine named in the report (default: the one the runs "
                     "recorded, else /proc/cpuinfo)")
     ap.add_argument("--results", type=Path, default=RESULTS)
+    ap.add_argument("--t-table", action="store_true", help="derive the t boundaries of the studies' sequential "
+                    "designs into analysis/t_boundaries.json (with the designs already there); nothing else")
     args = ap.parse_args(argv)
+    if args.t_table:
+        designs = [d for f in args.studies for d in t_table_designs(load_study(f))]
+        print(f"wrote {seedtest.write_t_table(designs)}: {len(designs)} study design(s) and the table's others")
+        return 0
     for f in args.studies:
         try:
             spec = load_study(f, gpu=args.gpu)
