@@ -26,7 +26,8 @@ A study file (``studies/<name>.yaml``) is the pre-registration. Keys:
   ``boundary``: ``obrien_fleming`` / ``pocock`` (Lan-DeMets alpha spending) or ``bonferroni``
   (:mod:`analysis.seedtest`); ``seeds`` then lists ``max_seeds`` seeds in the order they are added;
 * ``launcher`` (``joblib``, ``slurm``, ``ray_local``: ``conf/hydra/launcher``) and ``jobs``;
-* optional ``secondary``: metrics reported per arm but not tested; ``not_run``: why the study has
+* optional ``secondary``: metrics reported per arm but not tested; ``per_step``: metrics shown per step
+  (mean over each arm's seeds) under the verdict, not tested; ``not_run``: why the study has
   no runs (shown in the index); ``notes``: text written after the runs, quoted in the report;
   ``pilots``: the earlier studies this one is the next version of (their rows stay in
   ``results/STUDIES.md``; the README's table keeps the current version and names them in a note);
@@ -146,6 +147,9 @@ def load_study(path: str | Path, gpu: bool = False) -> dict:
         raise StudyError(f"{path}: metric.summary must be final, auc or last_third")
     if "sequential" in spec:
         _check_sequential(path, spec)
+    for key in ("secondary", "per_step"):
+        if key in spec and not (isinstance(spec[key], list) and all(isinstance(m, str) for m in spec[key])):
+            raise StudyError(f"{path}: {key} must be a list of metric names, got {spec[key]!r}")
     spec.setdefault("variant", "cpu")
     spec["file"] = path.as_posix()  # for error messages; not registered
     return spec
@@ -756,7 +760,8 @@ def write_report(spec: dict, result: dict, records: dict, path: Path, study_file
              f"{result.get('seeds_used', len(result['seeds_run']))} per-seed effects, "
              f"{max(0, result.get('seeds_used', len(result['seeds_run'])) - 1)} df; each seed's effect is its mean over "
              f"the {'eval problems' if spec['metric']['summary'] in EVAL_SUMMARIES else 'window steps'}), "
-             f"{len(result['seeds_run'])} paired seeds.", "", *_bootstrap_lines(spec, result), *_look_lines(spec, result),
+             f"{len(result['seeds_run'])} paired seeds.", *_per_step_lines(spec, records, client), "",
+             *_bootstrap_lines(spec, result), *_look_lines(spec, result),
              "Regenerate this report (from the committed store; runs only what is missing):", "", "```bash",
              f"python -m analysis.study {'--gpu ' if spec.get('variant') == 'gpu' else ''}{study_file.as_posix()}",
              "```", "", "## Pre-registered design", "",
@@ -784,6 +789,14 @@ def write_report(spec: dict, result: dict, records: dict, path: Path, study_file
     return path
 
 
+def _per_step_lines(spec: dict, records: dict, client=None) -> list[str]:
+    """The study file's ``per_step`` metrics (not tested) as a table per step, shown under the verdict."""
+    if not spec.get("per_step") or not any(records.values()):
+        return []
+    return secondary_curve_lines(spec, records, client, key="per_step", title="Shown beside the verdict (`per_step`, "
+                                 "not tested): per step, mean over each arm's seeds.")
+
+
 def _secondary_lines(spec: dict, records: dict, client=None) -> list[str]:
     """``secondary`` metrics of the study file (not part of the test): per arm, the mean over seeds
     of each run's mean over its logged steps, per seed in brackets."""
@@ -805,12 +818,13 @@ def _secondary_lines(spec: dict, records: dict, client=None) -> list[str]:
     return out
 
 
-def secondary_curves(spec: dict, records: dict, client=None) -> dict[str, dict[str, dict[int, float]]]:
-    """Per-step curves of the ``secondary`` metrics: ``{metric: {arm: {step: mean over the arm's seeds}}}``
-    (a step enters an arm's curve when every seed of that arm logged it)."""
+def secondary_curves(spec: dict, records: dict, client=None,
+                     key: str = "secondary") -> dict[str, dict[str, dict[int, float]]]:
+    """Per-step curves of the ``key`` metrics (``secondary`` or ``per_step``): ``{metric: {arm: {step:
+    mean over the arm's seeds}}}`` (a step enters an arm's curve when every seed of that arm logged it)."""
     client = client or MlflowClient(store_uri(spec))
     out: dict[str, dict[str, dict[int, float]]] = {}
-    for name in spec.get("secondary") or []:
+    for name in spec.get(key) or []:
         for arm in spec["arms"]:
             hists = [{m.step: m.value for m in client.get_metric_history(r.run_id, name)}
                      for _, r in sorted(records.get(arm, {}).items())]
@@ -822,17 +836,20 @@ def secondary_curves(spec: dict, records: dict, client=None) -> dict[str, dict[s
     return out
 
 
-def secondary_curve_lines(spec: dict, records: dict, client=None, max_columns: int = 10) -> list[str]:
-    """A markdown table of :func:`secondary_curves`: a row per (metric, arm), a column per logged step (at most
-    ``max_columns``, evenly spaced, always the first and last)."""
-    curves = secondary_curves(spec, records, client)
+def secondary_curve_lines(spec: dict, records: dict, client=None, max_columns: int = 10, key: str = "secondary",
+                          title: str | None = None) -> list[str]:
+    """A markdown table of :func:`secondary_curves` of the ``key`` metrics: a row per (metric, arm), a column per
+    logged step (at most ``max_columns``, evenly spaced, always the first and last), under ``title`` (default:
+    the secondary metrics' line naming their plot)."""
+    curves = secondary_curves(spec, records, client, key)
     steps = sorted({x for arms in curves.values() for c in arms.values() for x in c})
     if not steps:
         return []
     if len(steps) > max_columns:
         idx = np.unique(np.linspace(0, len(steps) - 1, max_columns).round().astype(int))
         steps = [steps[i] for i in idx]
-    out = ["", "Per step, mean over seeds (plot: `plots/" + spec["name"] + "_secondary.png`):", "",
+    title = title or "Per step, mean over seeds (plot: `plots/" + spec["name"] + "_secondary.png`):"
+    out = ["", title, "",
            "| metric | arm | " + " | ".join(f"step {x}" for x in steps) + " |", "|---|---|" + "---|" * len(steps)]
     for name, arms in curves.items():
         for arm, c in arms.items():
@@ -945,6 +962,7 @@ def _annotate(spec: dict, records: dict, root: Path) -> tuple[list[str], str | N
         for r in runs.values():
             run = client.get_run(r.run_id)
             r.params["_start_ms"] = run.info.start_time or 0
+            r.params["_end_ms"] = run.info.end_time or r.params["_start_ms"]
             commits.add(run.data.tags.get("git_commit", "?"))
             dirty.add(run.data.tags.get("git_dirty", "?"))
             cpu = run.data.params.get("provenance.machine.cpu")
@@ -972,9 +990,18 @@ def index(root: Path = RESULTS, studies: Path = Path("studies")) -> Path:
     superseded = {p: study["name"] for _, study in files for p in study.get("pilots", [])}
     # the README's first row group: the studies with ``comparisons`` (the design card's grid), one row per arm
     families = [(f, s) for f, s in files if "comparisons" in s]
+    not_run = []  # two-arm studies with no finished run: named in the README's note, rows here
     for f, study in families + [(f, s) for f, s in files if "comparisons" not in s]:
-        for spec, res, page in _index_entries(study, root):
-            _index_rows(spec, res, page, f, rows, short if study["name"] not in superseded else [])
+        res_path = study_dir(study, root) / "result.json"
+        res = json.loads(res_path.read_text()) if res_path.exists() else None
+        keep = short if study["name"] not in superseded else []
+        if "comparisons" not in study and not (res or {}).get("runs_finished") and study["name"] not in superseded:
+            not_run.append(study["name"])
+            keep = []
+        if "comparisons" in study:  # the family's own row first: its claim once, what was decided, its cost
+            _family_row(study, res, f, rows, keep)
+        for spec, sub_res, page in _index_entries(study, res):
+            _index_rows(spec, sub_res, page, f, rows, keep)
     notes = []
     for _, study in families:
         figure = family_figure(study, root)
@@ -985,6 +1012,9 @@ def index(root: Path = RESULTS, studies: Path = Path("studies")) -> Path:
         pilots = ", ".join(f"`{p}` ({v})" for p, v in sorted(superseded.items()))
         notes.append(f"Pilots superseded by a second version, with their rows in "
                      f"[results/STUDIES.md](results/STUDIES.md): {pilots}.")
+    if not_run:
+        notes.append("Registered, not run yet (rows in [results/STUDIES.md](results/STUDIES.md)): "
+                     + ", ".join(f"`{n}`" for n in not_run) + ".")
     if notes:
         short += ["", " ".join(notes)]
     out = root / "STUDIES.md"
@@ -995,15 +1025,59 @@ def index(root: Path = RESULTS, studies: Path = Path("studies")) -> Path:
     return out
 
 
-def _index_entries(spec: dict, root: Path) -> list[tuple[dict, dict | None, str]]:
+def _index_entries(spec: dict, res: dict | None) -> list[tuple[dict, dict | None, str]]:
     """``(spec, result or None, report page stem)`` per row: one for a two-arm study, one per
-    comparison (its :func:`analysis.multiarm.sub_spec`) for a study with ``comparisons``."""
-    res_path = study_dir(spec, root) / "result.json"
-    res = json.loads(res_path.read_text()) if res_path.exists() else None
+    comparison (its :func:`analysis.multiarm.sub_spec`) for a study with ``comparisons``; ``res``: the
+    study's result.json."""
     if "comparisons" not in spec:
         return [(spec, res, spec["name"])]
     return [(multiarm.sub_spec(spec, a), (res or {}).get("comparisons", {}).get(a), f"{spec['name']}--{a}")
             for a in spec["comparisons"]]
+
+
+def _family_row(spec: dict, res: dict | None, f: Path, rows: list[str], short: list[str]) -> None:
+    """A family's header row in the full table ``rows`` and the README's ``short`` one: its claim once,
+    "k of n comparisons decided" (naming the decided ones), the seeds its comparisons used and its cost
+    (runs, run-hours: the sum of the runs' MLflow durations); its comparisons' rows follow."""
+    n, seq = len(spec["comparisons"]), spec.get("sequential")
+    ran = {a: r for a, r in (res or {}).get("comparisons", {}).items() if r.get("runs_finished")}
+    label = f"{spec['name']}: {n} comparisons with {spec['control']}"
+    design = f"{seq['first']}-{seq['max_seeds']}, sequential" if seq else "fixed"
+    if ran:
+        decided = [f"{a} {r['verdict']}" for a, r in ran.items() if r["verdict"] != "inconclusive"]
+        verdict = f"{len(decided)} of {n} comparisons decided" + (f": {', '.join(decided)}" if decided else "")
+        used = sorted({r["seeds_used"] for r in ran.values()})
+        cost = res.get("cost", {})
+        seeds = f"{used[0]}-{used[-1]} seeds used ({design})" if len(used) > 1 else f"{used[0]} seeds used ({design})"
+        cost_text = f"; {cost['runs']} runs, {cost['run_hours']:.1f} run-hours" if cost else ""
+        measured = next((r["measured"] for r in ran.values() if r.get("measured")), "")
+    else:
+        verdict, seeds, cost_text, measured = f"not run ({spec.get('not_run', 'no finished run yet')})", \
+            f"{len(spec['seeds'])} seeds ({design})", "", ""
+    figure = (res or {}).get("figure")
+    setup = spec.get("setup", "") + (f" (measured on {measured})" if measured else "")
+    cells = [f"`{label}`", spec["claim"], spec["source"], setup, "-", verdict + cost_text, "-",
+             f"[{figure}]({figure})" if figure else "-", f"`python -m analysis.study {f.as_posix()}`"]
+    rows.append(_md_row(cells))
+    link = f"[{label}](results/{figure})" if figure else f"`{label}`"
+    budget = f"{seeds} x {spec['steps']} steps, {spec['eval_size']} eval problems{cost_text}"
+    short.append(_md_row((link, spec["claim"], budget, "-", verdict)))
+
+
+def _md_row(cells) -> str:
+    """One markdown table row (``|`` inside a cell escaped)."""
+    return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+
+
+def _row_claim(spec: dict) -> str:
+    """The claim of a row: the study's, or for one comparison of a family its own (the family's claim is in
+    the family's row and the comparison's report)."""
+    if "comparison_of" not in spec:
+        return spec["claim"]
+    test, scale = spec["test"], spec["metric"].get("scale", 1)
+    return (f"{spec['treatment']} reaches {spec['control']}'s {spec['metric']['name']} within "
+            f"{test['margin'] * scale:g} points" if test["kind"] == "equivalence"
+            else f"{spec['treatment']} differs from {spec['control']} in {spec['metric']['name']}")
 
 
 def _index_rows(spec: dict, res: dict | None, page: str, f: Path, rows: list[str], short: list[str]) -> None:
@@ -1020,23 +1094,16 @@ def _index_rows(spec: dict, res: dict | None, page: str, f: Path, rows: list[str
     else:
         eff, ver, power, report = "n/a", f"not run ({spec.get('not_run', 'no finished run yet')})", "n/a", "-"
         setup = spec.get("setup", "")
-    cells = [f"`{label}`", spec["claim"], spec["source"], setup, eff, ver, power, report,
+    cells = [f"`{label}`", _row_claim(spec), spec["source"], setup, eff, ver, power, report,
              f"`python -m analysis.study {f.as_posix()}`"]
-    rows.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
+    rows.append(_md_row(cells))
     link = f"[{label}](results/studies/{page}.md)" if res is not None and res.get("runs_finished") else f"`{label}`"
     seeds = (f"{spec['sequential']['first']}-{spec['sequential']['max_seeds']} seeds (sequential)"
              if "sequential" in spec else f"{len(spec['seeds'])} seeds")
     if "sequential" in spec and res is not None and res.get("runs_finished") and "seeds_used" in res:
         seeds = f"{res['seeds_used']} seeds used ({spec['sequential']['first']}-{spec['sequential']['max_seeds']}, sequential)"
     budget = f"{seeds} x {spec['steps']} steps, {spec['eval_size']} eval problems"
-    claim = spec["claim"]
-    if "comparison_of" in spec:  # one arm of a family: its own comparison, the family's claim is in its report
-        test = spec["test"]
-        scale = spec["metric"].get("scale", 1)
-        claim = (f"{spec['treatment']} reaches {spec['control']}'s {spec['metric']['name']} within "
-                 f"{test['margin'] * scale:g} points" if test["kind"] == "equivalence"
-                 else f"{spec['treatment']} differs from {spec['control']} in {spec['metric']['name']}")
-    short.append("| " + " | ".join(str(c).replace("|", "\\|") for c in (link, claim, budget, eff, ver)) + " |")
+    short.append(_md_row((link, _row_claim(spec), budget, eff, ver)))
 
 
 README_MARKS = ("<!-- studies-table: copied from results/STUDIES.md -->", "<!-- /studies-table -->")
@@ -1116,7 +1183,10 @@ def _report_family(spec: dict, study_file: Path, root: Path, machine: str | None
         out[arm] = result
     d = study_dir(spec, root)
     d.mkdir(parents=True, exist_ok=True)
-    family = {"comparisons": out, "correction": "bonferroni", "m": len(out)}
+    runs = [r for arm_runs in records.values() for r in arm_runs.values()]
+    family = {"comparisons": out, "correction": "bonferroni", "m": len(out),
+              "cost": {"runs": len(runs), "run_hours": sum(r.params["_end_ms"] - r.params["_start_ms"] for r in runs)
+                       / 3.6e6} if runs else {}}
     figure = plot_family(spec, records, out, family_figure(spec, root), client)
     if figure is not None:
         family["figure"] = figure.relative_to(root).as_posix()
