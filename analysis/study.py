@@ -102,7 +102,7 @@ SEQUENTIAL_KEYS = ("first", "add", "max_seeds", "boundary")
 # the paired-t rule replaced the two-level bootstrap rule on this date (issue 45); a study whose runs
 # started before it shows the verdict the bootstrap rule gave beside the re-issued one
 RULE_SINCE = "2026-12-04"
-# the sequential looks decided at z boundaries until this date, at the t boundaries since (issue 57); a
+# the sequential looks decided at z boundaries until this date, at the t boundaries since; a
 # study whose runs started before it shows the verdict the z boundaries gave when it differs
 T_BOUNDARIES_SINCE = "2026-12-06"
 

@@ -86,7 +86,7 @@ def random_reward(correct: torch.Tensor, key: RewardKey, p: RandomRewardParams) 
 
 
 def outcome_reward(cfg) -> Callable[[torch.Tensor, RewardKey], torch.Tensor]:
-    """``fn(correct, key)`` of the run's ``reward`` node (``cfg.reward``: name and params).
+    """``fn(correct, key)`` of the run's ``reward`` node ``cfg`` (``cfg.reward`` of the run: name and params).
 
     Raises:
         ValueError: an unknown reward name (lists the valid ones) or an unknown parameter.
