@@ -30,7 +30,8 @@ from harness.lora import build_adapters, trainable_fraction, trainable_parameter
 from harness.overlap import OverlappedRollout
 from harness.perf import PeakMemory
 from harness.precision import compute_dtype
-from harness.rewards import RewardOutput, compute_rewards, process_step_rewards, shape_rewards
+from harness.rewards import (REWARD_ROWS, RewardKey, RewardOutput, compute_rewards, outcome_reward,
+                             process_step_rewards, shape_rewards)
 from harness.rollout import RolloutBatch, SamplingParams, concat_batches, empty_batch
 from harness.staleness import LaggedPolicy
 from harness.step_metrics import StepOutputs, step_metrics
@@ -110,6 +111,7 @@ class Trainer:
                  on_eval=None, on_step=None, config_key=None, algorithm: Optional[Algorithm] = None):
         self.cfg, self.task, self.tok, self.policy = cfg, task, tokenizer, policy
         self.algo = algorithm if algorithm is not None else build_algorithm(cfg)
+        self.outcome = outcome_reward(cfg.reward)  # reward=: the outcome component of every completion's reward
         self.config_key = config_key  # written into checkpoints: another config's job must not resume them
         self.on_eval, self.on_step = on_eval, on_step
         self.world = world()
@@ -196,6 +198,7 @@ class Trainer:
             share = w.shard(need)
             problems = [self.task.train_problem(data_pos + i, cfg.seed) for i in share]
             sampling = dataclasses.replace(self._sampling(data_pos), row_offset=share.start * G)
+            key = RewardKey(cfg.seed, data_pos, first_row=share.start * G)
             data_pos += need
             sampled += need
             batch = rew = None
@@ -206,7 +209,7 @@ class Trainer:
                 batch = self.backend.generate([self.task.prompt(p, self.tok) for p in problems], G, sampling)
                 t1 = time.perf_counter()
                 generated += int(batch.completion_mask.sum())  # filtered groups' tokens included
-                rew = self._score(batch, problems, G)
+                rew = self._score(batch, problems, G, key)
                 t_roll, t_rew = t_roll + (t1 - t0), t_rew + (time.perf_counter() - t1)
                 keep = self.algo.group_filter(rew.rewards.view(-1, G))
             n_keep = w.sum(int(keep.sum()))
@@ -258,14 +261,15 @@ class Trainer:
             self.overlap.submit(self._collect, self.data_pos, self.step)
         return batch, rew, problems, info
 
-    def _score(self, batch: RolloutBatch, problems: list, n: int) -> RewardOutput:
+    def _score(self, batch: RolloutBatch, problems: list, n: int, key: RewardKey) -> RewardOutput:
         """The rewards of ``batch``'s completions, ``n`` per problem (rows problem-major), ``[B]``
-        each: the verifier's verdicts, the format bonus and the overlong penalty."""
+        each: the outcome reward (``reward=``; ``key`` names the rows), the format bonus and the
+        overlong penalty."""
         cfg = self.cfg
         return compute_rewards(self.task, batch.texts, [p.gold for p in problems for _ in range(n)],
                                batch.completion_mask.sum(1), format_weight=cfg.task.format_reward,
                                max_new_tokens=cfg.rollout.max_new_tokens, overlong_buffer=cfg.overlong.buffer,
-                               overlong_factor=cfg.overlong.penalty)
+                               overlong_factor=cfg.overlong.penalty, outcome=self.outcome, key=key)
 
     # ---------------------------------------------------------------------- step
     def _length_shaped(self, rewards, cmask, prompt_mask):
@@ -387,7 +391,7 @@ class Trainer:
             steps = [r for part in w.gather_objects(steps) for r in part]
         comps = weights = None
         if algo.needs("reward_components"):  # the summed reward's parts, each with its weight in the sum
-            parts = (rew.correct, rew.formatted, rew.overlong, scores - rew.rewards)  # the last: length, KL shaping
+            parts = (rew.outcome, rew.formatted, rew.overlong, scores - rew.rewards)  # the last: length, KL shaping
             comps = torch.stack([w.gather_rows(x.to(scores.dtype)) for x in parts], dim=-1).view(-1, G, len(parts))
             weights = torch.tensor([1.0, float(self.cfg.task.format_reward), 1.0, 1.0], dtype=scores.dtype,
                                    device=scores.device)
@@ -439,14 +443,15 @@ class Trainer:
 
     def _greedy_scores(self, problems) -> torch.Tensor:
         """``[P]`` reward of one greedy completion per prompt (for estimators that need it, ReMax),
-        scored exactly as the sampled ones."""
+        scored exactly as the sampled ones (their own stream of a random outcome's draws)."""
+        key = RewardKey(self.cfg.seed, self.data_pos, first_row=self.world.row_offset(len(problems)), stream=1)
         with full_weights(self.policy):  # entered by every rank, even one with no prompts
             if not problems:
                 # cpu: no prompts on this rank: the greedy scores are host values
                 return torch.zeros(0)
             greedy = SamplingParams(temperature=0.0, max_new_tokens=self.cfg.rollout.max_new_tokens)
             out = self.backend.generate([self.task.prompt(p, self.tok) for p in problems], 1, greedy)
-        return self._score(out, problems, 1).rewards
+        return self._score(out, problems, 1, key).rewards
 
     def _update(self, tb: TrainBatch) -> dict:
         """``mu`` optimizer steps on ``tb``; the statistics (logged as ``train/<name>``) are means
@@ -753,12 +758,11 @@ def _accumulate(total: dict, new: dict, n: int) -> None:
 
 def _select_rewards(rew, rows):  # cpu: rewards live with the CPU rollout batch
     idx = torch.as_tensor(rows, dtype=torch.long)
-    return RewardOutput(rew.rewards[idx], rew.correct[idx], rew.formatted[idx], rew.overlong[idx], rew.verifier)
+    return RewardOutput(**{f: getattr(rew, f)[idx] for f in REWARD_ROWS}, verifier=rew.verifier)
 
 
 def _empty_rewards():  # cpu: rewards live with the CPU rollout batch
-    z = torch.zeros(0)
-    return RewardOutput(z, z.clone(), z.clone(), z.clone(), {"verifier/timeouts": 0, "verifier/errors": 0})
+    return RewardOutput(**{f: torch.zeros(0) for f in REWARD_ROWS}, verifier={"verifier/timeouts": 0, "verifier/errors": 0})
 
 
 def _cat_rewards(rews):
@@ -766,5 +770,4 @@ def _cat_rewards(rews):
     for r in rews:
         for k in ("verifier/timeouts", "verifier/errors"):
             verifier[k] = verifier.get(k, 0) + r.verifier.get(k, 0)
-    return RewardOutput(*(torch.cat([getattr(r, f) for r in rews]) for f in ("rewards", "correct", "formatted", "overlong")),
-                        verifier)
+    return RewardOutput(**{f: torch.cat([getattr(r, f) for r in rews]) for f in REWARD_ROWS}, verifier=verifier)
