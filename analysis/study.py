@@ -26,7 +26,8 @@ A study file (``studies/<name>.yaml``) is the pre-registration. Keys:
   ``boundary``: ``obrien_fleming`` / ``pocock`` (Lan-DeMets alpha spending) or ``bonferroni``
   (:mod:`analysis.seedtest`); ``seeds`` then lists ``max_seeds`` seeds in the order they are added;
 * ``launcher`` (``joblib``, ``slurm``, ``ray_local``: ``conf/hydra/launcher``) and ``jobs``;
-* optional ``secondary``: metrics reported per arm but not tested; ``not_run``: why the study has
+* optional ``secondary``: metrics reported per arm but not tested; ``per_step``: metrics shown per step
+  (mean over each arm's seeds) under the verdict, not tested; ``not_run``: why the study has
   no runs (shown in the index); ``notes``: text written after the runs, quoted in the report;
   ``pilots``: the earlier studies this one is the next version of (their rows stay in
   ``results/STUDIES.md``; the README's table keeps the current version and names them in a note);
@@ -57,7 +58,9 @@ What the command does:
   nominal alpha and stops at the first decided look. The two-level bootstrap of
   :func:`analysis.ablation.bootstrap` (seeds and problems / steps) is reported beside it, not
   tested; for a study whose runs started before 2026-12-04 the report names the verdict that rule
-  gave when it differs.
+  gave when it differs. The looks' nominal alphas are the t statistic's boundaries
+  (:func:`analysis.seedtest.nominal_levels`); a study whose runs started before those decided
+  (``T_BOUNDARIES_SINCE``) names the z boundaries' verdict and interval beside its own when they differ.
 * **power** of the deciding test at the measured spread ``sd``, exact: the paired t-test's power for
   ``delta`` (noncentral t), the difference it detects with 80% power and the seeds 80% needs; for
   an equivalence, the TOST power at a true difference of 0 (integrated over the sample sd) and the
@@ -99,6 +102,9 @@ SEQUENTIAL_KEYS = ("first", "add", "max_seeds", "boundary")
 # the paired-t rule replaced the two-level bootstrap rule on this date (issue 45); a study whose runs
 # started before it shows the verdict the bootstrap rule gave beside the re-issued one
 RULE_SINCE = "2026-12-04"
+# the sequential looks decided at z boundaries until this date, at the t boundaries since; a
+# study whose runs started before it shows the verdict the z boundaries gave when it differs
+T_BOUNDARIES_SINCE = "2026-12-06"
 
 
 class StudyError(ValueError):
@@ -141,6 +147,9 @@ def load_study(path: str | Path, gpu: bool = False) -> dict:
         raise StudyError(f"{path}: metric.summary must be final, auc or last_third")
     if "sequential" in spec:
         _check_sequential(path, spec)
+    for key in ("secondary", "per_step"):
+        if key in spec and not (isinstance(spec[key], list) and all(isinstance(m, str) for m in spec[key])):
+            raise StudyError(f"{path}: {key} must be a list of metric names, got {spec[key]!r}")
     spec.setdefault("variant", "cpu")
     spec["file"] = path.as_posix()  # for error messages; not registered
     return spec
@@ -440,16 +449,42 @@ def power_analysis(test: dict, sd: float, n: int) -> dict:
     return out
 
 
-def design_looks(spec: dict, n_run: int) -> tuple[list[int], list[float]]:
-    """``(looks, nominal two-sided alphas)``: the ``sequential`` looks and their boundary's levels, or
-    one look at the ``n_run`` seeds run with the fixed design's ``1 - level``."""
+def design_looks(spec: dict, n_run: int, z: bool = False) -> tuple[list[int], list[float]]:
+    """``(looks, nominal two-sided alphas)``: the ``sequential`` looks and their boundary's levels (the
+    t boundaries that decide; with ``z`` the z boundaries of :func:`analysis.seedtest.z_nominal_levels`,
+    for the re-issue note), or one look at the ``n_run`` seeds run with the fixed design's ``1 - level``."""
     test = spec["test"]
     level = seedtest.interval_level(test["kind"], test.get("alpha", 0.05))
     if "sequential" not in spec:
         return [n_run], [1 - level]
     seq = spec["sequential"]
     looks = seedtest.look_sizes(seq["first"], seq["add"], seq["max_seeds"])
-    return looks, [float(x) for x in seedtest.nominal_levels(seq["boundary"], looks, 1 - level)]
+    levels = (seedtest.z_nominal_levels if z else seedtest.nominal_levels)(seq["boundary"], looks, 1 - level)
+    return looks, [float(x) for x in levels]
+
+
+def t_table_designs(spec: dict) -> list[tuple[str, tuple, float]]:
+    """``(boundary, looks, total)`` of the sequential design a study's verdicts use (one per study:
+    a family's comparisons share theirs), for :func:`analysis.seedtest.write_t_table`; [] for a fixed
+    design or a Bonferroni boundary."""
+    if "sequential" not in spec or spec["sequential"]["boundary"] == "bonferroni":
+        return []
+    sub = multiarm.sub_spec(spec, spec["comparisons"][0]) if "comparisons" in spec else spec
+    seq, test = spec["sequential"], sub["test"]
+    looks = tuple(seedtest.look_sizes(seq["first"], seq["add"], seq["max_seeds"]))
+    return [(seq["boundary"], looks, 1 - seedtest.interval_level(test["kind"], test.get("alpha", 0.05)))]
+
+
+def z_boundary_verdict(spec: dict, values: list[float]) -> dict | None:
+    """The sequential rule over the per-seed effects ``values`` (registered order) at the z levels
+    (:func:`design_looks` with ``z``): ``verdict``, ``seeds``, ``effect``, ``lo``, ``hi`` at its
+    stopping look; None when no look was taken."""
+    looks, levels = design_looks(spec, len(values), z=True)
+    seq = seedtest.sequential(np.asarray([values], dtype=float), spec["test"], looks, levels)
+    if not seq["code"].shape[1]:
+        return None
+    return {"verdict": VERDICT_NAMES[int(seq["verdict"][0])], "seeds": int(seq["seeds_used"][0]),
+            **{k: float(seq[f"{k}_final"][0]) for k in ("mean", "lo", "hi")}}
 
 
 def analyse(spec: dict, records: dict, n_boot: int = 2000, seed: int = 0, client=None) -> dict:
@@ -491,6 +526,7 @@ def analyse(spec: dict, records: dict, n_boot: int = 2000, seed: int = 0, client
              {"effect": math.nan, "lo": math.nan, "hi": math.nan, "level": out["level"], "verdict": "inconclusive"})
     if "sequential" in spec and taken:  # a sequential study registers the runs up to the look it stopped at
         out["runs_registered"] = len(counted) * looks[k]
+        out["z_boundaries"] = z_boundary_verdict(spec, [float(by_seed[s]) for s in ordered])
     return {**out, **final, "units": d.shape[1], "seeds_used": len(used),
             "looks": look_rows if "sequential" in spec else [], "per_seed": [float(x) for x in per_seed],
             "bootstrap": {"lo": blo, "hi": bhi, "verdict": verdict(test, blo, bhi, len(seeds))},
@@ -612,6 +648,11 @@ def verdict_text(spec: dict, result: dict) -> str:
         below.append("a 1-step window: below the 2-step minimum")
     if below:
         v += f" ({'; '.join(below)})"
+    if result.get("verdict_before_t"):
+        z, sc = result["verdict_before_t"], spec["metric"].get("scale", 1)
+        v += (f"; re-issued under the t boundaries: the z boundaries used before {T_BOUNDARIES_SINCE} read "
+              f"\"{z['verdict']}\" at {z['seeds']} seeds, {_num(z['mean'], sc, True)} [{_num(z['lo'], sc, True)}, "
+              f"{_num(z['hi'], sc, True)}]")
     if result.get("verdict_before"):
         v += (f"; re-issued under the paired-t rule: the two-level bootstrap rule used before {RULE_SINCE} read "
               f"\"{result['verdict_before']}\"")
@@ -641,7 +682,9 @@ def _look_lines(spec: dict, result: dict) -> list[str]:
     seq, sc = spec["sequential"], spec["metric"].get("scale", 1)
     looks, levels = design_looks(spec, 0)
     out = [f"Sequential design: first {seq['first']} seeds, then {seq['add']} more per look up to {seq['max_seeds']}; "
-           f"boundary `{seq['boundary']}` ({BOUNDARY_TEXT[seq['boundary']]}).", "",
+           f"boundary `{seq['boundary']}` ({BOUNDARY_TEXT[seq['boundary']]}). Each look's nominal alpha is the "
+           f"two-sided level of the paired t interval at the look's t boundary (the boundary of the t statistic "
+           f"with seeds - 1 df, simulated under the null: `analysis.seedtest.nominal_levels`).", "",
            "| look | seeds | nominal alpha (two-sided) | effect [interval] | decision |", "|---|---|---|---|---|"]
     done = {r["seeds"]: r for r in result.get("looks", [])}
     for i, (n, a) in enumerate(zip(looks, levels)):
@@ -719,7 +762,8 @@ def write_report(spec: dict, result: dict, records: dict, path: Path, study_file
              f"{result.get('seeds_used', len(result['seeds_run']))} per-seed effects, "
              f"{max(0, result.get('seeds_used', len(result['seeds_run'])) - 1)} df; each seed's effect is its mean over "
              f"the {'eval problems' if spec['metric']['summary'] in EVAL_SUMMARIES else 'window steps'}), "
-             f"{len(result['seeds_run'])} paired seeds.", "", *_bootstrap_lines(spec, result), *_look_lines(spec, result),
+             f"{len(result['seeds_run'])} paired seeds.", *_per_step_lines(spec, records, client), "",
+             *_bootstrap_lines(spec, result), *_look_lines(spec, result),
              "Regenerate this report (from the committed store; runs only what is missing):", "", "```bash",
              f"python -m analysis.study {'--gpu ' if spec.get('variant') == 'gpu' else ''}{study_file.as_posix()}",
              "```", "", "## Pre-registered design", "",
@@ -747,6 +791,14 @@ def write_report(spec: dict, result: dict, records: dict, path: Path, study_file
     return path
 
 
+def _per_step_lines(spec: dict, records: dict, client=None) -> list[str]:
+    """The study file's ``per_step`` metrics (not tested) as a table per step, shown under the verdict."""
+    if not spec.get("per_step") or not any(records.values()):
+        return []
+    return secondary_curve_lines(spec, records, client, key="per_step", title="Shown beside the verdict (`per_step`, "
+                                 "not tested): per step, mean over each arm's seeds.")
+
+
 def _secondary_lines(spec: dict, records: dict, client=None) -> list[str]:
     """``secondary`` metrics of the study file (not part of the test): per arm, the mean over seeds
     of each run's mean over its logged steps, per seed in brackets."""
@@ -768,12 +820,13 @@ def _secondary_lines(spec: dict, records: dict, client=None) -> list[str]:
     return out
 
 
-def secondary_curves(spec: dict, records: dict, client=None) -> dict[str, dict[str, dict[int, float]]]:
-    """Per-step curves of the ``secondary`` metrics: ``{metric: {arm: {step: mean over the arm's seeds}}}``
-    (a step enters an arm's curve when every seed of that arm logged it)."""
+def secondary_curves(spec: dict, records: dict, client=None,
+                     key: str = "secondary") -> dict[str, dict[str, dict[int, float]]]:
+    """Per-step curves of the ``key`` metrics (``secondary`` or ``per_step``): ``{metric: {arm: {step:
+    mean over the arm's seeds}}}`` (a step enters an arm's curve when every seed of that arm logged it)."""
     client = client or MlflowClient(store_uri(spec))
     out: dict[str, dict[str, dict[int, float]]] = {}
-    for name in spec.get("secondary") or []:
+    for name in spec.get(key) or []:
         for arm in spec["arms"]:
             hists = [{m.step: m.value for m in client.get_metric_history(r.run_id, name)}
                      for _, r in sorted(records.get(arm, {}).items())]
@@ -785,17 +838,20 @@ def secondary_curves(spec: dict, records: dict, client=None) -> dict[str, dict[s
     return out
 
 
-def secondary_curve_lines(spec: dict, records: dict, client=None, max_columns: int = 10) -> list[str]:
-    """A markdown table of :func:`secondary_curves`: a row per (metric, arm), a column per logged step (at most
-    ``max_columns``, evenly spaced, always the first and last)."""
-    curves = secondary_curves(spec, records, client)
+def secondary_curve_lines(spec: dict, records: dict, client=None, max_columns: int = 10, key: str = "secondary",
+                          title: str | None = None) -> list[str]:
+    """A markdown table of :func:`secondary_curves` of the ``key`` metrics: a row per (metric, arm), a column per
+    logged step (at most ``max_columns``, evenly spaced, always the first and last), under ``title`` (default:
+    the secondary metrics' line naming their plot)."""
+    curves = secondary_curves(spec, records, client, key)
     steps = sorted({x for arms in curves.values() for c in arms.values() for x in c})
     if not steps:
         return []
     if len(steps) > max_columns:
         idx = np.unique(np.linspace(0, len(steps) - 1, max_columns).round().astype(int))
         steps = [steps[i] for i in idx]
-    out = ["", "Per step, mean over seeds (plot: `plots/" + spec["name"] + "_secondary.png`):", "",
+    title = title or "Per step, mean over seeds (plot: `plots/" + spec["name"] + "_secondary.png`):"
+    out = ["", title, "",
            "| metric | arm | " + " | ".join(f"step {x}" for x in steps) + " |", "|---|---|" + "---|" * len(steps)]
     for name, arms in curves.items():
         for arm, c in arms.items():
@@ -912,6 +968,7 @@ def _annotate(spec: dict, records: dict, root: Path) -> tuple[list[str], str | N
         for r in runs.values():
             run = client.get_run(r.run_id)
             r.params["_start_ms"] = run.info.start_time or 0
+            r.params["_end_ms"] = run.info.end_time or r.params["_start_ms"]
             commits.add(run.data.tags.get("git_commit", "?"))
             dirty.add(run.data.tags.get("git_dirty", "?"))
             cpu = run.data.params.get("provenance.machine.cpu")
@@ -939,9 +996,18 @@ def index(root: Path = RESULTS, studies: Path = Path("studies")) -> Path:
     superseded = {p: study["name"] for _, study in files for p in study.get("pilots", [])}
     # the README's first row group: the studies with ``comparisons`` (the design card's grid), one row per arm
     families = [(f, s) for f, s in files if "comparisons" in s]
+    not_run = []  # two-arm studies with no finished run: named in the README's note, rows here
     for f, study in families + [(f, s) for f, s in files if "comparisons" not in s]:
-        for spec, res, page in _index_entries(study, root):
-            _index_rows(spec, res, page, f, rows, short if study["name"] not in superseded else [])
+        res_path = study_dir(study, root) / "result.json"
+        res = json.loads(res_path.read_text()) if res_path.exists() else None
+        keep = short if study["name"] not in superseded else []
+        if "comparisons" not in study and not (res or {}).get("runs_finished") and study["name"] not in superseded:
+            not_run.append(study["name"])
+            keep = []
+        if "comparisons" in study:  # the family's own row first: its claim once, what was decided, its cost
+            _family_row(study, res, f, rows, keep)
+        for spec, sub_res, page in _index_entries(study, res):
+            _index_rows(spec, sub_res, page, f, rows, keep)
     notes = []
     for _, study in families:
         figure = family_figure(study, root)
@@ -952,6 +1018,9 @@ def index(root: Path = RESULTS, studies: Path = Path("studies")) -> Path:
         pilots = ", ".join(f"`{p}` ({v})" for p, v in sorted(superseded.items()))
         notes.append(f"Pilots superseded by a second version, with their rows in "
                      f"[results/STUDIES.md](results/STUDIES.md): {pilots}.")
+    if not_run:
+        notes.append("Registered, not run yet (rows in [results/STUDIES.md](results/STUDIES.md)): "
+                     + ", ".join(f"`{n}`" for n in not_run) + ".")
     if notes:
         short += ["", " ".join(notes)]
     out = root / "STUDIES.md"
@@ -962,15 +1031,59 @@ def index(root: Path = RESULTS, studies: Path = Path("studies")) -> Path:
     return out
 
 
-def _index_entries(spec: dict, root: Path) -> list[tuple[dict, dict | None, str]]:
+def _index_entries(spec: dict, res: dict | None) -> list[tuple[dict, dict | None, str]]:
     """``(spec, result or None, report page stem)`` per row: one for a two-arm study, one per
-    comparison (its :func:`analysis.multiarm.sub_spec`) for a study with ``comparisons``."""
-    res_path = study_dir(spec, root) / "result.json"
-    res = json.loads(res_path.read_text()) if res_path.exists() else None
+    comparison (its :func:`analysis.multiarm.sub_spec`) for a study with ``comparisons``; ``res``: the
+    study's result.json."""
     if "comparisons" not in spec:
         return [(spec, res, spec["name"])]
     return [(multiarm.sub_spec(spec, a), (res or {}).get("comparisons", {}).get(a), f"{spec['name']}--{a}")
             for a in spec["comparisons"]]
+
+
+def _family_row(spec: dict, res: dict | None, f: Path, rows: list[str], short: list[str]) -> None:
+    """A family's header row in the full table ``rows`` and the README's ``short`` one: its claim once,
+    "k of n comparisons decided" (naming the decided ones), the seeds its comparisons used and its cost
+    (runs, run-hours: the sum of the runs' MLflow durations); its comparisons' rows follow."""
+    n, seq = len(spec["comparisons"]), spec.get("sequential")
+    ran = {a: r for a, r in (res or {}).get("comparisons", {}).items() if r.get("runs_finished")}
+    label = f"{spec['name']}: {n} comparisons with {spec['control']}"
+    design = f"{seq['first']}-{seq['max_seeds']}, sequential" if seq else "fixed"
+    if ran:
+        decided = [f"{a} {r['verdict']}" for a, r in ran.items() if r["verdict"] != "inconclusive"]
+        verdict = f"{len(decided)} of {n} comparisons decided" + (f": {', '.join(decided)}" if decided else "")
+        used = sorted({r["seeds_used"] for r in ran.values()})
+        cost = res.get("cost", {})
+        seeds = f"{used[0]}-{used[-1]} seeds used ({design})" if len(used) > 1 else f"{used[0]} seeds used ({design})"
+        cost_text = f"; {cost['runs']} runs, {cost['run_hours']:.1f} run-hours" if cost else ""
+        measured = next((r["measured"] for r in ran.values() if r.get("measured")), "")
+    else:
+        verdict, seeds, cost_text, measured = f"not run ({spec.get('not_run', 'no finished run yet')})", \
+            f"{len(spec['seeds'])} seeds ({design})", "", ""
+    figure = (res or {}).get("figure")
+    setup = spec.get("setup", "") + (f" (measured on {measured})" if measured else "")
+    cells = [f"`{label}`", spec["claim"], spec["source"], setup, "-", verdict + cost_text, "-",
+             f"[{figure}]({figure})" if figure else "-", f"`python -m analysis.study {f.as_posix()}`"]
+    rows.append(_md_row(cells))
+    link = f"[{label}](results/{figure})" if figure else f"`{label}`"
+    budget = f"{seeds} x {spec['steps']} steps, {spec['eval_size']} eval problems{cost_text}"
+    short.append(_md_row((link, spec["claim"], budget, "-", verdict)))
+
+
+def _md_row(cells) -> str:
+    """One markdown table row (``|`` inside a cell escaped)."""
+    return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+
+
+def _row_claim(spec: dict) -> str:
+    """The claim of a row: the study's, or for one comparison of a family its own (the family's claim is in
+    the family's row and the comparison's report)."""
+    if "comparison_of" not in spec:
+        return spec["claim"]
+    test, scale = spec["test"], spec["metric"].get("scale", 1)
+    return (f"{spec['treatment']} reaches {spec['control']}'s {spec['metric']['name']} within "
+            f"{test['margin'] * scale:g} points" if test["kind"] == "equivalence"
+            else f"{spec['treatment']} differs from {spec['control']} in {spec['metric']['name']}")
 
 
 def _index_rows(spec: dict, res: dict | None, page: str, f: Path, rows: list[str], short: list[str]) -> None:
@@ -987,23 +1100,16 @@ def _index_rows(spec: dict, res: dict | None, page: str, f: Path, rows: list[str
     else:
         eff, ver, power, report = "n/a", f"not run ({spec.get('not_run', 'no finished run yet')})", "n/a", "-"
         setup = spec.get("setup", "")
-    cells = [f"`{label}`", spec["claim"], spec["source"], setup, eff, ver, power, report,
+    cells = [f"`{label}`", _row_claim(spec), spec["source"], setup, eff, ver, power, report,
              f"`python -m analysis.study {f.as_posix()}`"]
-    rows.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
+    rows.append(_md_row(cells))
     link = f"[{label}](results/studies/{page}.md)" if res is not None and res.get("runs_finished") else f"`{label}`"
     seeds = (f"{spec['sequential']['first']}-{spec['sequential']['max_seeds']} seeds (sequential)"
              if "sequential" in spec else f"{len(spec['seeds'])} seeds")
     if "sequential" in spec and res is not None and res.get("runs_finished") and "seeds_used" in res:
         seeds = f"{res['seeds_used']} seeds used ({spec['sequential']['first']}-{spec['sequential']['max_seeds']}, sequential)"
     budget = f"{seeds} x {spec['steps']} steps, {spec['eval_size']} eval problems"
-    claim = spec["claim"]
-    if "comparison_of" in spec:  # one arm of a family: its own comparison, the family's claim is in its report
-        test = spec["test"]
-        scale = spec["metric"].get("scale", 1)
-        claim = (f"{spec['treatment']} reaches {spec['control']}'s {spec['metric']['name']} within "
-                 f"{test['margin'] * scale:g} points" if test["kind"] == "equivalence"
-                 else f"{spec['treatment']} differs from {spec['control']} in {spec['metric']['name']}")
-    short.append("| " + " | ".join(str(c).replace("|", "\\|") for c in (link, claim, budget, eff, ver)) + " |")
+    short.append(_md_row((link, _row_claim(spec), budget, eff, ver)))
 
 
 README_MARKS = ("<!-- studies-table: copied from results/STUDIES.md -->", "<!-- /studies-table -->")
@@ -1036,6 +1142,7 @@ def report(spec: dict, study_file: Path, root: Path = RESULTS, machine: str | No
     boot = result.get("bootstrap", {}).get("verdict")
     if boot and boot != result["verdict"] and meta["first"] < RULE_SINCE:  # issued under the old rule
         result["verdict_before"] = boot
+    _mark_reissued(result, meta)
     suffix = "-gpu" if spec.get("variant") == "gpu" else ""
     path = root / "studies" / f"{spec['name']}{suffix}.md"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -1047,6 +1154,15 @@ def report(spec: dict, study_file: Path, root: Path = RESULTS, machine: str | No
     d.mkdir(parents=True, exist_ok=True)
     (d / "result.json").write_text(json.dumps(result, indent=1, sort_keys=True, default=float) + "\n")
     return result
+
+
+def _mark_reissued(result: dict, meta: dict) -> None:
+    """``result["verdict_before_t"]``: the z boundaries' verdict (:func:`z_boundary_verdict`) when it
+    differs from the t boundaries' and the study's runs started before those decided
+    (``T_BOUNDARIES_SINCE``): the report names the verdict it was issued with."""
+    z = result.get("z_boundaries")
+    if z and z["verdict"] != result["verdict"] and meta["first"] < T_BOUNDARIES_SINCE:
+        result["verdict_before_t"] = z
 
 
 def family_figure(spec: dict, root: Path) -> Path:
@@ -1064,6 +1180,7 @@ def _report_family(spec: dict, study_file: Path, root: Path, machine: str | None
     for arm in spec["comparisons"]:
         sub = multiarm.sub_spec(spec, arm)
         result = analyse(sub, records, client=client)
+        _mark_reissued(result, meta)
         path = root / "studies" / f"{spec['name']}--{arm}.md"
         path.parent.mkdir(parents=True, exist_ok=True)
         write_report(sub, result, records, path, study_file, meta, client)
@@ -1072,7 +1189,10 @@ def _report_family(spec: dict, study_file: Path, root: Path, machine: str | None
         out[arm] = result
     d = study_dir(spec, root)
     d.mkdir(parents=True, exist_ok=True)
-    family = {"comparisons": out, "correction": "bonferroni", "m": len(out)}
+    runs = [r for arm_runs in records.values() for r in arm_runs.values()]
+    family = {"comparisons": out, "correction": "bonferroni", "m": len(out),
+              "cost": {"runs": len(runs), "run_hours": sum(r.params["_end_ms"] - r.params["_start_ms"] for r in runs)
+                       / 3.6e6} if runs else {}}
     figure = plot_family(spec, records, out, family_figure(spec, root), client)
     if figure is not None:
         family["figure"] = figure.relative_to(root).as_posix()
@@ -1100,7 +1220,13 @@ def main(argv=None) -> int:
     ap.add_argument("--machine", default=None, help="the machine named in the report (default: the one the runs "
                     "recorded, else /proc/cpuinfo)")
     ap.add_argument("--results", type=Path, default=RESULTS)
+    ap.add_argument("--t-table", action="store_true", help="derive the t boundaries of the studies' sequential "
+                    "designs into analysis/t_boundaries.json (with the designs already there); nothing else")
     args = ap.parse_args(argv)
+    if args.t_table:
+        designs = [d for f in args.studies for d in t_table_designs(load_study(f))]
+        print(f"wrote {seedtest.write_t_table(designs)}: {len(designs)} study design(s) and the table's others")
+        return 0
     for f in args.studies:
         try:
             spec = load_study(f, gpu=args.gpu)

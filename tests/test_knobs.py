@@ -91,6 +91,8 @@ KNOBS = {
     # ---------------------------------------------------------------- top level
     "seed": math_(1, "rollout"),
     "group_size": math_(2, "rollout"),
+    "reward": math_("random", "rewards"),  # Bernoulli(0.5) draws in place of the probe's hash verdicts
+    "reward/random.p": math_(0.9, "rewards"),
     "beta": math_(0.5, "loss"),
     "kl.form": math_("k1", "loss", *KL),
     "kl.clamp": math_(1e-7, "loss", *KL),

@@ -3,6 +3,7 @@ at the Bonferroni level alpha / m; the family-wise rate of a false "reproduced" 
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -162,10 +163,12 @@ def test_a_comparison_counts_its_own_two_arms_runs_not_the_familys(in_tmp):
     assert "registered runs finished" not in study.verdict_text(multiarm.sub_spec(spec, "C"), c)
 
 
-def test_readme_table_opens_with_each_arm_of_a_family_and_leaves_superseded_pilots_to_studies_md(in_tmp):
-    """The README's studies table (item 5 of issue 45): a study with ``comparisons`` comes first, one
-    row per arm with its effect, verdict and the seeds it used; a study named in another file's
-    ``pilots`` keeps its row in results/STUDIES.md and leaves the README's table for a note."""
+def test_readme_table_opens_with_a_family_row_then_each_arm_and_leaves_pilots_to_studies_md(in_tmp):
+    """The README's studies table: a study with ``comparisons`` comes first, its own row (its claim
+    once, "k of n comparisons decided", the seeds used, its cost, a link to its figure), then one row
+    per comparison with that comparison's own claim, effect and verdict; results/STUDIES.md the same.
+    A study named in another file's ``pilots`` keeps its row in results/STUDIES.md and leaves the
+    README's table for a note, as does a study not run yet."""
     path = _drop_treatment(_spec(in_tmp, name="zgrid", arms=ARMS, comparisons=["B", "C"]))
     runs = [("A", s, 30, None, "FINISHED") for s in range(3)]
     runs += [("B", s, r, None, "FINISHED") for s, r in zip(range(3), (70, 72, 68))]
@@ -178,12 +181,23 @@ def test_readme_table_opens_with_each_arm_of_a_family_and_leaves_superseded_pilo
     full = study.index(study.RESULTS, in_tmp / "studies").read_text()
     readme = (in_tmp / "README.md").read_text()
     rows = [line for line in readme.splitlines() if line.startswith("| ")][1:]  # past the header
-    assert rows[0].startswith("| [zgrid: B - A](results/studies/zgrid--B.md) | B differs from A in eval/accuracy | "
+    family = json.loads((in_tmp / "results" / "studies" / "zgrid" / "result.json").read_text())
+    assert family["cost"]["runs"] == 9 and 0 <= family["cost"]["run_hours"] < 0.1
+    hours = family["cost"]["run_hours"]
+    assert rows[0] == ("| [zgrid: 2 comparisons with A](results/plots/zgrid_arms.png) | B beats A. | 3 seeds used "
+                       f"(fixed) x 4 steps, 100 eval problems; 9 runs, {hours:.1f} run-hours | - | "
+                       "1 of 2 comparisons decided: B reproduced |")
+    assert rows[1].startswith("| [zgrid: B - A](results/studies/zgrid--B.md) | B differs from A in eval/accuracy | "
                               "3 seeds x 4 steps, 100 eval problems | +40 ")
-    assert rows[0].endswith("| reproduced |") and rows[1].startswith("| [zgrid: C - A](results/studies/zgrid--C.md)")
-    assert [r.split(" | ")[0] for r in rows[2:]] == ["| `bsecond`"]  # the pilot left the README's table
+    assert rows[1].endswith("| reproduced |") and rows[2].startswith("| [zgrid: C - A](results/studies/zgrid--C.md)")
+    assert rows[3:] == []  # the pilot and the study not run yet left the README's table
     assert "Pilots superseded by a second version" in readme and "`apilot` (bsecond)" in readme
-    assert "| `apilot` |" in full and readme.endswith("<!-- /studies-table -->\ntail\n")
+    assert "Registered, not run yet (rows in [results/STUDIES.md](results/STUDIES.md)): `bsecond`." in readme
+    assert "| `apilot` |" in full and "| `bsecond` |" in full and readme.endswith("<!-- /studies-table -->\ntail\n")
+    zgrid = [line for line in full.splitlines() if line.startswith("| `zgrid")]
+    assert zgrid[0].startswith("| `zgrid: 2 comparisons with A` | B beats A. |")
+    assert "1 of 2 comparisons decided" in zgrid[0]
+    assert [r.split(" | ")[1] for r in zgrid[1:]] == [f"{x} differs from A in eval/accuracy" for x in "BC"]
     # the family's figure: a panel per arm, named under the table
     assert "`zgrid`, every arm vs step: [plots/zgrid_arms.png](results/plots/zgrid_arms.png)." in readme
     assert (in_tmp / "results" / "plots" / "zgrid_arms.png").stat().st_size > 10_000

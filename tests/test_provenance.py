@@ -188,6 +188,19 @@ def test_rerun_of_a_record_from_before_lora_existed_is_full_fine_tuning():
     assert rebuild_config(resolved, ["lora=peft"]).lora.r == 8
 
 
+def test_rerun_of_a_record_from_before_the_reward_group_scores_with_the_verifier():
+    """A group with no "none" option takes its default, the behaviour before it existed."""
+    from omegaconf import OmegaConf
+
+    from harness.launch.rerun import rebuild_config
+    from tests.conftest import compose
+
+    resolved = OmegaConf.to_container(compose(*QUICK), resolve=True)
+    resolved.pop("reward")
+    assert rebuild_config(resolved, []).reward.name == "verifier"
+    assert rebuild_config(resolved, ["reward=random"]).reward.p == 0.5
+
+
 def test_rerun_errors_name_the_input(run_dir):
     from harness.launch.rerun import main
 

@@ -1,5 +1,6 @@
 """analysis.seedtest: the exact power of the deciding test against simulations and the issue-45
-figures, the spending boundaries against a z-test simulation, and the verdict rule's error rates
+figures, the z spending boundaries against a z-test simulation and the t boundaries against a t
+simulation (small; tests/test_sequential_levels.py holds the large one), and the verdict rule's error rates
 (fixed and sequential designs) over simulated paired studies (analysis.synthetic.paired_studies:
 seed-level noise plus 0/1 verdicts on 250 problems, summarised per seed first), vectorised, seeds fixed."""
 
@@ -77,27 +78,47 @@ def test_sd_interval_is_the_chi_square_interval():
 
 
 # ------------------------------------------------------------------------------ boundaries
-def test_spending_boundaries_hold_their_total_for_a_z_test():
+def test_z_spending_boundaries_hold_their_total_for_a_z_test():
     """A known-variance z statistic at 4, 6, 8, 10 observations (Brownian motion): the two-sided
-    crossing probability over the looks equals the total the boundary spends."""
+    crossing probability over the looks of the z boundaries equals the total the boundary spends."""
     looks = [4, 6, 8, 10]
     rng = np.random.default_rng(2)
     s = np.cumsum(rng.standard_normal((400_000, 10)), axis=1)[:, np.asarray(looks) - 1]
     z = s / np.sqrt(looks)
     for b in st.BOUNDARIES:
-        lv = st.nominal_levels(b, looks, ALPHA)
+        lv = st.z_nominal_levels(b, looks, ALPHA)
         c = stats.norm.isf(lv / 2)
         crossed = float((np.abs(z) >= c).any(axis=1).mean())
         if b == "bonferroni":
             assert crossed <= ALPHA and lv == pytest.approx([ALPHA / 4] * 4)
         else:
             assert crossed == pytest.approx(ALPHA, abs=_mc(ALPHA, 400_000))
-    of = st.nominal_levels("obrien_fleming", looks, ALPHA)
+    of = st.z_nominal_levels("obrien_fleming", looks, ALPHA)
     assert of[0] == pytest.approx(2 - 2 * stats.norm.cdf(1.959963985 / math.sqrt(0.4)), rel=1e-6)
     assert np.all(np.diff(of) > 0)  # O'Brien-Fleming: strict early, close to alpha at the end
     assert st.look_sizes(4, 2, 10) == [4, 6, 8, 10] and st.look_sizes(3, 2, 8) == [3, 5, 7, 8]
-    with pytest.raises(ValueError, match="boundary"):
-        st.nominal_levels("haybittle", looks, ALPHA)
+    for levels in (st.nominal_levels, st.z_nominal_levels):
+        with pytest.raises(ValueError, match="boundary"):
+            levels("haybittle", looks, ALPHA)
+        with pytest.raises(ValueError, match="looks"):
+            levels("pocock", [1, 3], ALPHA)
+
+
+def test_t_boundaries_spend_their_total_for_the_t_statistic():
+    """The paired t at 4, 6, 8, 10 seeds (N(0, 1) per-seed effects, draws independent of the
+    boundaries' own): the two-sided crossing probability of the t boundaries is the total spent, and
+    the first look's level is the first spend exactly (its t quantile); each later t level lies below
+    the z level of the same spending, which the t statistic crosses more often than the total.
+    (tests/test_sequential_levels.py: the same at 200,000+ studies, every false verdict.)"""
+    looks, n_sim = [4, 6, 8, 10], 100_000
+    t = st.null_abs_t(looks, n_sim, seed=3)
+    assert st.T_SEED != 3
+    for b in ("obrien_fleming", "pocock"):
+        lt, lz = st.nominal_levels(b, looks, ALPHA), st.z_nominal_levels(b, looks, ALPHA)
+        assert lt[0] == pytest.approx(lz[0], rel=1e-12) and np.all(lt[1:] < lz[1:])
+        crossed = [float((t > stats.t.isf(lv / 2, np.asarray(looks) - 1)).any(axis=1).mean()) for lv in (lt, lz)]
+        assert crossed[0] == pytest.approx(ALPHA, abs=_mc(ALPHA, n_sim)) and crossed[1] > ALPHA + _mc(ALPHA, n_sim)
+    assert list(st.nominal_levels("bonferroni", looks, ALPHA)) == [ALPHA / 4] * 4
 
 
 # ------------------------------------------------------------------------------ error rates

@@ -205,6 +205,23 @@ def test_train_metric_last_third_is_the_window_mean(in_tmp):
     assert (in_tmp / "results" / "studies" / "plots" / "t_secondary.png").stat().st_size > 0
 
 
+def test_per_step_metrics_are_shown_per_step_under_the_verdict(in_tmp):
+    """``per_step: [train/entropy]``: its per-step means over each arm's seeds, in a table between the
+    verdict and the rest of the report; a bad ``per_step`` is refused."""
+    a = {0: {1: 0.9, 2: 0.8}, 1: {1: 0.7, 2: 0.6}, 2: {1: 0.5, 2: 0.4}}
+    b = {0: {1: 0.1, 2: 0.0}, 1: {1: 0.3, 2: 0.2}, 2: {1: 0.2, 2: 0.1}}
+    _store(in_tmp, "u", [("A", s, 30, a[s], "FINISHED") for s in a] + [("B", s, 40, b[s], "FINISHED") for s in b])
+    _report(in_tmp, _spec(in_tmp, name="u", per_step=["train/entropy"]))
+    text = (in_tmp / "results" / "studies" / "u.md").read_text()
+    table = ["| metric | arm | step 1 | step 2 |", "|---|---|---|---|",
+             "| `train/entropy` | A | 0.7 | 0.6 |", "| `train/entropy` | B | 0.2 | 0.1 |"]
+    assert "Shown beside the verdict (`per_step`, not tested): per step, mean over each arm's seeds.\n\n" \
+           + "\n".join(table) in text
+    assert text.index("**Verdict:") < text.index("Shown beside the verdict") < text.index("Regenerate this report")
+    with pytest.raises(study.StudyError, match="per_step must be a list of metric names"):
+        study.load_study(_spec(in_tmp, name="v", per_step="train/entropy"))
+
+
 # ------------------------------------------------------------------------------ resume
 @pytest.fixture
 def launched(monkeypatch):

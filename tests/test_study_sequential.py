@@ -108,3 +108,28 @@ def test_inconclusive_at_max_seeds_says_what_the_seeds_exclude(in_tmp):
     assert study.verdict_text(spec, res).endswith(
         f"at max_seeds 5: the last look's interval excludes effects below {100 * -half:+.3g} and above {100 * half:+.3g}")
 
+
+
+def test_a_verdict_the_t_boundaries_change_names_the_z_verdict_beside_it(in_tmp, monkeypatch):
+    """B - A = -2, 6, 8, 8, 8 points: look 1 (3 seeds) undecided; at look 2 (5 seeds) T = 2.888 lies
+    between the z level's t critical value (2.866) and the t boundary's (2.959). A study whose runs
+    started before the t boundaries names the z verdict and interval beside the re-issued one."""
+    root = _store(in_tmp, "s", [("A", s, 40, None, "FINISHED") for s in range(5)]
+                  + [("B", s, r, None, "FINISHED") for s, r in zip(range(5), (38, 46, 48, 48, 48))])
+    spec = study.load_study(_seq_spec(in_tmp))
+    res = study.report(spec, _seq_spec(in_tmp), root, machine="test box")  # runs started today: no note
+    assert res["verdict"] == "inconclusive" and res["z_boundaries"]["verdict"] == "reproduced"
+    assert "verdict_before_t" not in res and "re-issued" not in res["verdict_text"]
+    monkeypatch.setattr(study, "T_BOUNDARIES_SINCE", "9999")  # the same runs, as if issued under the z boundaries
+    res = study.report(spec, _seq_spec(in_tmp), root, machine="test box")
+    a2 = seedtest.z_nominal_levels("obrien_fleming", [3, 5], 0.05)[1]
+    d = [-0.02, 0.06, 0.08, 0.08, 0.08]
+    mean, sd = sum(d) / 5, stats.tstd(d)
+    half = stats.t.ppf(1 - a2 / 2, 4) * sd / 5 ** 0.5
+    z = res["verdict_before_t"]
+    assert (z["verdict"], z["seeds"]) == ("reproduced", 5)
+    assert (z["lo"], z["hi"]) == (pytest.approx(mean - half, abs=1e-10), pytest.approx(mean + half, abs=1e-10))
+    note = (f"; re-issued under the t boundaries: the z boundaries used before 9999 read \"reproduced\" at 5 seeds, "
+            f"+5.6 [+{100 * (mean - half):.3g}, +{100 * (mean + half):.3g}]")
+    assert res["verdict_text"].startswith("inconclusive at max_seeds 5") and res["verdict_text"].endswith(note)
+    assert f"**Verdict: {res['verdict_text']}.**" in (root / "studies" / "s.md").read_text()

@@ -27,7 +27,7 @@ FAST = {
     "test_progress.py", "test_eval_metrics.py", "test_perf_metrics.py", "test_registry.py", "test_length_penalty.py", "test_entropy_control.py", "test_gdpo.py",
     "test_step_metrics.py", "test_update_mfu.py", "test_alloc.py", "test_float64_path.py",
     "test_device_hygiene.py", "test_peer_golden.py", "test_peer_golden_losses.py",
-    "test_adv_transforms.py", "test_seedtest.py", "test_noise.py", "test_layers.py",
+    "test_adv_transforms.py", "test_seedtest.py", "test_noise.py", "test_layers.py", "test_random_reward.py",
 }
 # single tests of slow modules that belong to the fast tier
 FAST_TESTS = {

@@ -20,6 +20,7 @@ from harness.algo import (ADVANTAGE_TRANSFORMS, ENTROPY_CONTROLLERS, GROUP_FILTE
                           OFFPOLICY_OBJECTIVES, POLICY_LOSSES, ROLLOUT_CORRECTIONS, TOKEN_ESTIMATORS)
 from harness.train.critic import CriticConfig  # the critic component's own node (critic.*)
 from harness.model.lora import ADAPTERS
+from harness.train.rewards import OUTCOME_REWARDS
 from harness.rollout import BACKENDS, RolloutConfig
 from harness.tasks import TASKS
 from harness.tools import TOOLS
@@ -146,6 +147,9 @@ class Config:
     advantage_transform: Any = MISSING
     seed: int = 0
     group_size: int = 8  # G: completions per prompt
+    # an OUTCOME_REWARDS params node: the outcome reward of each completion: verifier (the task's verifier) |
+    # random (Bernoulli(p), ignores the answer: a negative control)
+    reward: Any = MISSING
     policy_loss: Any = MISSING  # a POLICY_LOSSES params node: policy_loss=ppo_clip, gspo, cispo, ...
     group_filter: Any = MISSING  # a GROUP_FILTERS params node: group_filter=none | dapo (dynamic sampling)
     length_penalty: Any = MISSING  # a LENGTH_PENALTIES params node: length_penalty=none | linear (prime-rl)
@@ -177,7 +181,7 @@ class Config:
 GROUPS = {"task": TASKS, "advantage": TOKEN_ESTIMATORS, "advantage_transform": ADVANTAGE_TRANSFORMS, "policy_loss": POLICY_LOSSES, "loss_agg": LOSS_AGGREGATIONS,
           "group_filter": GROUP_FILTERS, "rollout": BACKENDS, "rollout_correction": ROLLOUT_CORRECTIONS,
           "length_penalty": LENGTH_PENALTIES, "entropy_control": ENTROPY_CONTROLLERS,
-          "offpolicy": OFFPOLICY_OBJECTIVES, "lora": ADAPTERS, "tools": TOOLS}
+          "offpolicy": OFFPOLICY_OBJECTIVES, "lora": ADAPTERS, "tools": TOOLS, "reward": OUTCOME_REWARDS}
 
 
 def group_schemas() -> dict:

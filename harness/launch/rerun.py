@@ -27,8 +27,9 @@ from omegaconf import OmegaConf
 
 from harness.launch.config import Config, group_schemas, register_configs
 from harness.model.models import ModelLoadError
-from harness.launch.job import config_key
 from harness.launch.run import USER_ERRORS, train
+from harness.launch.job import config_key
+from harness.launch.schema_docs import group_defaults
 from harness.tasks.data import DataError
 from harness.launch.tracking import TrackingError, artifact_path, resolve_uri
 
@@ -80,11 +81,13 @@ def rebuild_config(resolved: dict, overrides: list[str]):
         else:
             values.append(o)
     base = OmegaConf.structured(Config)
+    defaults = group_defaults()
     for group, options in groups.items():
         node = resolved.get(group) or {}
         name = choices.get(group) or node.get("name") or node.get("backend")
-        if group not in resolved and name is None and "none" in options:
-            name = "none"  # recorded before the group existed: the run had its "off" option (lora=none)
+        if group not in resolved and name is None:
+            # recorded before the group existed: the run had what its default keeps (lora=none, reward=verifier)
+            name = "none" if "none" in options else defaults.get(group)
         if name not in options:
             raise RerunError(f"recorded {group}: option {name!r} is not one of {sorted(options)} in this checkout")
         base[group] = OmegaConf.structured(options[name])

@@ -90,7 +90,8 @@ def _doc(dc: type) -> str:
     return "" if doc.startswith(f"{dc.__name__}(") else " ".join(doc.split("\n\n")[0].split())
 
 
-def _group_defaults() -> dict[str, str]:
+def group_defaults() -> dict[str, str]:
+    """``{group: default option}`` from the defaults list of ``conf/config.yaml``."""
     raw = yaml.safe_load((ROOT / "conf" / "config.yaml").read_text())
     out = {}
     for item in raw.get("defaults", []):
@@ -103,7 +104,7 @@ def _group_defaults() -> dict[str, str]:
 def render() -> str:
     """The reference page as markdown (deterministic: same code, same page)."""
     groups = group_schemas()
-    chosen = _group_defaults()
+    chosen = group_defaults()
     out = ["# Configuration reference", "",
            "Generated at every `mkdocs build` (`make docs`; or `python -m harness.launch.schema_docs`) from the schemas",
            "in `harness/launch/config.py` and the params dataclasses of the registries, so it cannot differ from the",

@@ -13,7 +13,7 @@ import torch
 
 from harness.rollout import RolloutBatch, SamplingParams, concat_batches, empty_batch
 from harness.train.distributed import full_weights
-from harness.train.rewards import RewardOutput, cat_rewards, compute_rewards, empty_rewards, select_rewards
+from harness.train.rewards import RewardKey, RewardOutput, cat_rewards, compute_rewards, empty_rewards, select_rewards
 
 
 class CollectMixin:
@@ -57,6 +57,7 @@ class CollectMixin:
             share = w.shard(need)
             problems = [self.task.train_problem(data_pos + i, cfg.seed) for i in share]
             sampling = dataclasses.replace(self._sampling(data_pos), row_offset=share.start * G)
+            key = RewardKey(cfg.seed, data_pos, first_row=share.start * G)
             data_pos += need
             sampled += need
             batch = rew = None
@@ -67,7 +68,7 @@ class CollectMixin:
                 batch = self.backend.generate([self.task.prompt(p, self.tok) for p in problems], G, sampling)
                 t1 = time.perf_counter()
                 generated += int(batch.completion_mask.sum())  # filtered groups' tokens included
-                rew = self._score(batch, problems, G)
+                rew = self._score(batch, problems, G, key)
                 t_roll, t_rew = t_roll + (t1 - t0), t_rew + (time.perf_counter() - t1)
                 keep = self.algo.group_filter(rew.rewards.view(-1, G))
             n_keep = w.sum(int(keep.sum()))
@@ -119,22 +120,24 @@ class CollectMixin:
             self.overlap.submit(self._collect, self.data_pos, self.step)
         return batch, rew, problems, info
 
-    def _score(self, batch: RolloutBatch, problems: list, n: int) -> RewardOutput:
+    def _score(self, batch: RolloutBatch, problems: list, n: int, key: RewardKey) -> RewardOutput:
         """The rewards of ``batch``'s completions, ``n`` per problem (rows problem-major), ``[B]``
-        each: the verifier's verdicts, the format bonus and the overlong penalty."""
+        each: the outcome reward (``reward=``; ``key`` names the rows), the format bonus and the
+        overlong penalty."""
         cfg = self.cfg
         return compute_rewards(self.task, batch.texts, [p.gold for p in problems for _ in range(n)],
                                batch.completion_mask.sum(1), format_weight=cfg.task.format_reward,
                                max_new_tokens=cfg.rollout.max_new_tokens, overlong_buffer=cfg.overlong.buffer,
-                               overlong_factor=cfg.overlong.penalty)
+                               overlong_factor=cfg.overlong.penalty, outcome=self.outcome, key=key)
 
     def _greedy_scores(self, problems) -> torch.Tensor:
         """``[P]`` reward of one greedy completion per prompt (for estimators that need it, ReMax),
-        scored exactly as the sampled ones."""
+        scored exactly as the sampled ones (their own stream of a random outcome's draws)."""
+        key = RewardKey(self.cfg.seed, self.data_pos, first_row=self.world.row_offset(len(problems)), stream=1)
         with full_weights(self.policy):  # entered by every rank, even one with no prompts
             if not problems:
                 # cpu: no prompts on this rank: the greedy scores are host values
                 return torch.zeros(0)
             greedy = SamplingParams(temperature=0.0, max_new_tokens=self.cfg.rollout.max_new_tokens)
             out = self.backend.generate([self.task.prompt(p, self.tok) for p in problems], 1, greedy)
-        return self._score(out, problems, 1).rewards
+        return self._score(out, problems, 1, key).rewards

@@ -1,16 +1,99 @@
-"""Rewards from verdicts: correctness, optional format reward, DAPO overlong shaping, step rewards.
+"""Rewards from verdicts: the outcome reward, optional format reward, DAPO overlong shaping, step rewards.
 
 Every component is returned separately so the trainer logs each one.
+
+The outcome reward is registered by name (``reward=<name>``, :data:`OUTCOME_REWARDS`): a function
+``fn(correct [B], key: RewardKey, p) -> outcome [B]`` and its params dataclass. ``verifier`` (the
+default) is the verifier's verdict; ``random`` ignores the answer (a negative control).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable, Optional
 
+import numpy as np
 import torch
 
 from harness.algo import KLTerm
+from harness.registry import Registry
 from harness.verifiers import summarize
+
+OUTCOME_REWARDS: Registry = Registry("reward")
+
+
+@dataclass(frozen=True)
+class RewardKey:
+    """Names each completion of one scored batch, for an outcome reward that draws random numbers.
+
+    Attributes:
+        seed: the run's ``seed``.
+        position: the data position of the draw's first prompt: the step's draw (step ``t`` starts
+            at ``t * train.prompts_per_step`` without a group filter; each ``group_filter=dapo``
+            round starts at its own position).
+        first_row: the batch's first completion in the whole draw (all ranks; rows problem-major).
+        stream: 0 for the sampled completions, 1 for the greedy ones an estimator scores (ReMax).
+    """
+
+    seed: int
+    position: int
+    first_row: int = 0
+    stream: int = 0
+
+
+@dataclass
+class VerifierRewardParams:
+    """``reward=verifier``: the task's verifier decides, 1.0 where it accepted the answer."""
+
+    name: str = "verifier"
+
+
+@OUTCOME_REWARDS.register("verifier", params=VerifierRewardParams)
+def verifier_reward(correct: torch.Tensor, key: RewardKey, p: VerifierRewardParams) -> torch.Tensor:
+    """The verifier's verdicts unchanged. Shapes: ``[B]`` -> ``[B]``."""
+    return correct
+
+
+@dataclass
+class RandomRewardParams:
+    """``reward=random``: a reward that ignores the answer (Shao et al. 2025, "Spurious Rewards:
+    Rethinking Training Signals in RLVR", arXiv 2506.10947: Bernoulli(gamma), gamma = 0.5)."""
+
+    name: str = "random"
+    p: float = 0.5  # probability of reward 1 for each completion
+
+
+@OUTCOME_REWARDS.register("random", params=RandomRewardParams)
+def random_reward(correct: torch.Tensor, key: RewardKey, p: RandomRewardParams) -> torch.Tensor:
+    """Bernoulli(``p.p``) per completion, independent of the completion and of ``correct``: row ``i``
+    draws from numpy's generator seeded by ``(stream, seed, position, first_row + i)``, so the same
+    completion of the same step gets the same reward after a resume, under any number of ranks and
+    whatever the batch's split, and different rows, steps, seeds and streams draw independently.
+
+    Shapes: ``correct`` ``[B]`` (only its length is read) -> ``[B]`` float32 of 0 / 1.
+
+    Raises:
+        ValueError: ``reward.p`` outside [0, 1], or a negative seed or position (naming it).
+    """
+    if not 0.0 <= p.p <= 1.0:
+        raise ValueError(f"reward.p must be in [0, 1], got {p.p}")
+    if key.seed < 0 or key.position < 0 or key.first_row < 0:
+        raise ValueError(f"reward=random needs a seed, data position and row >= 0, got {key}")
+    u = [np.random.default_rng([key.stream, key.seed, key.position, key.first_row + i]).random()
+         for i in range(correct.shape[0])]
+    # cpu: host draws, like the verifier's verdicts they replace
+    return torch.tensor([float(x < p.p) for x in u], dtype=torch.float32)
+
+
+def outcome_reward(cfg) -> Callable[[torch.Tensor, RewardKey], torch.Tensor]:
+    """``fn(correct, key)`` of the run's ``reward`` node ``cfg`` (``cfg.reward`` of the run: name and params).
+
+    Raises:
+        ValueError: an unknown reward name (lists the valid ones) or an unknown parameter.
+    """
+    entry = OUTCOME_REWARDS.spec(cfg.name)
+    params = entry.build(cfg)
+    return lambda correct, key: entry.fn(correct, key, params)
 
 
 @dataclass
@@ -18,11 +101,13 @@ class RewardOutput:
     """Per-completion rewards, all ``[B]`` float32.
 
     Attributes:
-        rewards: total = correct + format_weight * formatted + overlong penalty.
+        rewards: total = outcome + format_weight * formatted + overlong penalty.
         correct: 1.0 where the verifier accepted the answer.
         formatted: 1.0 where the expected answer format was present.
         overlong: the (non-positive) DAPO soft overlong penalty.
         verifier: counts of verifier timeouts / errors.
+        outcome: the outcome reward (``reward=``): ``correct`` under ``reward=verifier``; None means
+            ``correct``.
     """
 
     rewards: torch.Tensor
@@ -30,6 +115,15 @@ class RewardOutput:
     formatted: torch.Tensor
     overlong: torch.Tensor
     verifier: dict = field(default_factory=dict)
+    outcome: Optional[torch.Tensor] = None
+
+    def __post_init__(self) -> None:
+        if self.outcome is None:
+            self.outcome = self.correct
+
+
+# the per-completion fields of RewardOutput, in order (rows selected, concatenated, gathered together)
+REWARD_ROWS = ("rewards", "correct", "formatted", "overlong", "outcome")
 
 
 def overlong_penalty(lengths: torch.Tensor, max_new_tokens: int, buffer: int, penalty: float) -> torch.Tensor:
@@ -46,13 +140,15 @@ def overlong_penalty(lengths: torch.Tensor, max_new_tokens: int, buffer: int, pe
 
 def compute_rewards(task, texts: list[str], golds: list[str], lengths: torch.Tensor, *,
                     format_weight: float, max_new_tokens: int, overlong_buffer: int = 0,
-                    overlong_factor: float = 1.0) -> RewardOutput:
+                    overlong_factor: float = 1.0, outcome=None, key: Optional[RewardKey] = None) -> RewardOutput:
     """Score completions with the task's verifier and combine the components.
 
     Args:
         task: a :class:`harness.tasks.Task`.
         texts, golds: ``B`` completions and their gold answers.
         lengths: ``[B]`` completion lengths in tokens.
+        outcome: ``fn(correct, key) -> [B]`` (:func:`outcome_reward`); None: the verifier's verdict.
+        key: the batch's :class:`RewardKey` (needed by an outcome that draws random numbers).
     """
     verdicts = task.score(texts, golds)
     # cpu: the verifier's verdicts, host values; rewards live with the CPU rollout batch
@@ -60,8 +156,9 @@ def compute_rewards(task, texts: list[str], golds: list[str], lengths: torch.Ten
     # cpu: as above
     formatted = torch.tensor([float(v.formatted) for v in verdicts])
     over = overlong_penalty(lengths, max_new_tokens, overlong_buffer, overlong_factor)
-    total = correct + format_weight * formatted + over
-    return RewardOutput(total, correct, formatted, over, summarize(verdicts))
+    out = correct if outcome is None else outcome(correct, key)
+    total = out + format_weight * formatted + over
+    return RewardOutput(total, correct, formatted, over, summarize(verdicts), out)
 
 
 def shape_rewards(rewards: torch.Tensor, mask: torch.Tensor, old_logprobs, ref_logprobs, kl: KLTerm, beta=None):
@@ -131,13 +228,12 @@ def process_step_rewards(task, tokenizer, texts, completion_ids, mask, outcome: 
 def select_rewards(rew: RewardOutput, rows) -> RewardOutput:  # cpu: rewards live with the CPU rollout batch
     """The rows ``rows`` of each component."""
     idx = torch.as_tensor(rows, dtype=torch.long)
-    return RewardOutput(rew.rewards[idx], rew.correct[idx], rew.formatted[idx], rew.overlong[idx], rew.verifier)
+    return RewardOutput(**{f: getattr(rew, f)[idx] for f in REWARD_ROWS}, verifier=rew.verifier)
 
 
 def empty_rewards() -> RewardOutput:  # cpu: rewards live with the CPU rollout batch
     """No rows (a rank whose groups were all filtered out)."""
-    z = torch.zeros(0)
-    return RewardOutput(z, z.clone(), z.clone(), z.clone(), {"verifier/timeouts": 0, "verifier/errors": 0})
+    return RewardOutput(**{f: torch.zeros(0) for f in REWARD_ROWS}, verifier={"verifier/timeouts": 0, "verifier/errors": 0})
 
 
 def cat_rewards(rews) -> RewardOutput:
@@ -146,5 +242,4 @@ def cat_rewards(rews) -> RewardOutput:
     for r in rews:
         for k in ("verifier/timeouts", "verifier/errors"):
             verifier[k] = verifier.get(k, 0) + r.verifier.get(k, 0)
-    return RewardOutput(*(torch.cat([getattr(r, f) for r in rews]) for f in ("rewards", "correct", "formatted", "overlong")),
-                        verifier)
+    return RewardOutput(**{f: torch.cat([getattr(r, f) for r in rews]) for f in REWARD_ROWS}, verifier=verifier)

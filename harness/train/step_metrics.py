@@ -18,7 +18,7 @@ import torch
 
 from harness.train.distributed import World
 from harness.train.evaluation import completion_len_by_outcome
-from harness.train.rewards import RewardOutput
+from harness.train.rewards import REWARD_ROWS, RewardOutput
 from harness.rollout import RolloutBatch
 from harness.rollout.episode import episode_metrics
 
@@ -75,8 +75,7 @@ class StepOutputs:
         A collective: every rank calls it once per step. With one process it only regroups.
         """
         rew = self.rewards
-        rewards = RewardOutput(*(w.gather_rows(getattr(rew, f)) for f in ("rewards", "correct", "formatted", "overlong")),
-                               w.sum_dict(rew.verifier))
+        rewards = RewardOutput(**{f: w.gather_rows(getattr(rew, f)) for f in REWARD_ROWS}, verifier=w.sum_dict(rew.verifier))
         times = {**self.times, **{k: v for k, v in self.info.items() if k.startswith("time/")}}
         return StepTotals(
             rewards=rewards,

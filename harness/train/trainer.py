@@ -29,7 +29,7 @@ from harness.train.collect import CollectMixin
 from harness.train.distributed import full_weights, world
 from harness.train.evaluation import BY_OUTCOME, completion_len_by_outcome, evaluate
 from harness.train.overlap import OverlappedRollout
-from harness.train.rewards import RewardOutput, process_step_rewards, shape_rewards
+from harness.train.rewards import RewardOutput, outcome_reward, process_step_rewards, shape_rewards
 from harness.train.staleness import LaggedPolicy
 from harness.train.step_metrics import StepOutputs, step_metrics
 from harness.train.trainer_checkpoint import CheckpointMixin
@@ -113,6 +113,7 @@ class Trainer(CollectMixin, CheckpointMixin):
                  on_eval=None, on_step=None, config_key=None, algorithm: Optional[Algorithm] = None):
         self.cfg, self.task, self.tok, self.policy = cfg, task, tokenizer, policy
         self.algo = algorithm if algorithm is not None else build_algorithm(cfg)
+        self.outcome = outcome_reward(cfg.reward)  # reward=: the outcome component of every completion's reward
         self.config_key = config_key  # written into checkpoints: another config's job must not resume them
         self.on_eval, self.on_step = on_eval, on_step
         self.world = world()
@@ -287,7 +288,7 @@ class Trainer(CollectMixin, CheckpointMixin):
             steps = [r for part in w.gather_objects(steps) for r in part]
         comps = weights = None
         if algo.needs("reward_components"):  # the summed reward's parts, each with its weight in the sum
-            parts = (rew.correct, rew.formatted, rew.overlong, scores - rew.rewards)  # the last: length, KL shaping
+            parts = (rew.outcome, rew.formatted, rew.overlong, scores - rew.rewards)  # the last: length, KL shaping
             comps = torch.stack([w.gather_rows(x.to(scores.dtype)) for x in parts], dim=-1).view(-1, G, len(parts))
             weights = torch.tensor([1.0, float(self.cfg.task.format_reward), 1.0, 1.0], dtype=scores.dtype,
                                    device=scores.device)
