@@ -25,10 +25,10 @@ Prints a markdown table (seconds; mean over the runs of each group).
 design card grid's ``grpo_G8``: 8 steps, a final greedy eval of 250 problems, step-0 eval replayed)
 under the **old path** (the arm as registered: ``rollout=hf``, fp32) and the new ones
 (:func:`new_paths`): ``rollout=lean``; where the CPU has native bf16, with bf16 autocast training and
-bf16 rollouts, the eval in fp32 (``new_eval_fp32``) and in bf16 (``new``). Each path runs as the study
-runs an arm: one joblib multirun of two seeds, two one-thread jobs side by side; one path after the
-other. Each path's step-0 eval is generated first (two at once, not counted) so that the timed runs
-replay it.
+bf16 rollouts (:data:`BF16_PATH`), the eval in fp32 (``new_eval_fp32``) and in bf16 (``new``). Each
+path runs as the study runs an arm: one joblib multirun of two seeds, two one-thread jobs side by
+side; one path after the other. Each path's step-0 eval is generated first (two at once, not
+counted) so that the timed runs replay it.
 
     python -m benchmarks.study_cost --paths     # ~15 min on a 2-core CPU -> results/study_cost.json
 
@@ -62,6 +62,7 @@ from harness.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 
+STEP_PARTS = ("rollout_s", "update_s", "weight_sync_s", "step_s")  # a training step's parts (time/<part>)
 PARTS = ("process start", "model load", "engine build", "training steps", "eval (step 0)", "eval (final)",
          "tracking and the rest")
 
@@ -132,13 +133,18 @@ def table(groups: dict[str, list[dict]]) -> list[str]:
 
 
 # ------------------------------------------------------------------ --paths: measured side by side
+BF16_PATH = ["rollout=lean", "rollout.dtype=bfloat16", "train.precision=bf16-autocast", "model.attn_implementation=eager",
+             "train.micro_batch_size=32"]  # the bf16 path's overrides, eval in fp32 (studies/precision_bf16.yaml)
+
+
 def new_paths(bf16_flags: list[str]) -> dict[str, list[str]]:
-    """The new paths' overrides: the lean decode; where the CPU has native bf16, also bf16 autocast
-    training and bf16 rollouts, with the eval in fp32 (``new_eval_fp32``) and in bf16 (``new``)."""
+    """The new paths' overrides: the lean decode; where the CPU has native bf16, :data:`BF16_PATH`: bf16
+    autocast training and bf16 rollouts (and two speed knobs, same maths: the eager attention, whose
+    matmuls run bf16's forward + backward faster than sdpa's CPU kernel, and one micro-batch of 32
+    rows), with the eval in fp32 (``new_eval_fp32``) and in bf16 (``new``)."""
     if not bf16_flags:
         return {"new": ["rollout=lean"]}
-    bf16 = ["rollout=lean", "rollout.dtype=bfloat16", "train.precision=bf16-autocast"]
-    return {"new_eval_fp32": bf16, "new": [*bf16, "rollout.eval_dtype=bfloat16"]}
+    return {"new_eval_fp32": BF16_PATH, "new": [*BF16_PATH, "rollout.eval_dtype=bfloat16"]}
 
 
 def path_spec(spec: dict, arm: str, name: str, extra: list[str], **design) -> dict:
@@ -187,7 +193,10 @@ def path_parts(uri: str, wall: float) -> dict:
     for r in rows:
         r["process start"] = r["process age"]
     mean = {p: float(np.mean([r[p] for r in rows])) for p in PARTS}
+    step = {k: float(np.mean([m.value for r in runs for m in client.get_metric_history(r.info.run_id, f"time/{k}")]))
+            for k in STEP_PARTS}
     return {"runs": [{p: float(r[p]) for p in PARTS} for r in rows], "mean": mean, "total": sum(mean.values()),
+            "step_mean_s": step,
             "multirun_wall_s": wall, "eval_decode": sorted({r.data.tags.get("eval.decode", "?") for r in runs}),
             "replayed": sorted({r.data.tags.get("eval.initial_cached", "?") for r in runs})}
 
@@ -201,6 +210,8 @@ def paths_table(res: dict) -> list[str]:
         sec = {n: res[n]["total"] if p == "total" else res[n]["mean"][p] for n in res["paths"]}
         ratios = [f"{sec['old'] / sec[n]:.2f}x" if sec[n] > 0.5 else "-" for n in names]
         lines.append(f"| {p} | " + " | ".join(f"{sec[n]:.1f} s" for n in res["paths"]) + " | " + " | ".join(ratios) + " |")
+    lines += ["", "a training step (mean): " + "; ".join(
+        f"{n} " + ", ".join(f"{k[:-2]} {v:.2f} s" for k, v in res[n]["step_mean_s"].items()) for n in res["paths"])]
     return lines
 
 
