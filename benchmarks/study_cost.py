@@ -133,15 +133,15 @@ def table(groups: dict[str, list[dict]]) -> list[str]:
 
 
 # ------------------------------------------------------------------ --paths: measured side by side
-BF16_PATH = ["rollout=lean", "rollout.dtype=bfloat16", "train.precision=bf16-autocast", "model.attn_implementation=eager",
-             "train.micro_batch_size=32"]  # the bf16 path's overrides, eval in fp32 (studies/precision_bf16.yaml)
+# the bf16 path's overrides, eval in fp32 (studies/precision_bf16.yaml's bf16_train arm)
+BF16_PATH = ["rollout=lean", "rollout.dtype=bfloat16", "train.precision=bf16-autocast", "model.attn_implementation=eager"]
 
 
 def new_paths(bf16_flags: list[str]) -> dict[str, list[str]]:
     """The new paths' overrides: the lean decode; where the CPU has native bf16, :data:`BF16_PATH`: bf16
-    autocast training and bf16 rollouts (and two speed knobs, same maths: the eager attention, whose
-    matmuls run bf16's forward + backward faster than sdpa's CPU kernel, and one micro-batch of 32
-    rows), with the eval in fp32 (``new_eval_fp32``) and in bf16 (``new``)."""
+    autocast training and bf16 rollouts (and a speed knob, same maths: the eager attention, whose
+    matmuls run bf16's forward + backward faster than sdpa's CPU kernel), with the eval in fp32
+    (``new_eval_fp32``) and in bf16 (``new``)."""
     if not bf16_flags:
         return {"new": ["rollout=lean"]}
     return {"new_eval_fp32": BF16_PATH, "new": [*BF16_PATH, "rollout.eval_dtype=bfloat16"]}
