@@ -24,8 +24,8 @@ Prints a markdown table (seconds; mean over the runs of each group).
 ``--paths`` measures instead of reading a study's store: one look of a study's control arm (the
 design card grid's ``grpo_G8``: 8 steps, a final greedy eval of 250 problems, step-0 eval replayed)
 under the **old path** (the arm as registered: ``rollout=hf``, fp32) and the new ones
-(:func:`new_paths`): ``rollout=lean``; where the CPU has native bf16, with bf16 autocast training and
-bf16 rollouts (:data:`BF16_PATH`), the eval in fp32 (``new_eval_fp32``) and in bf16 (``new``). Each
+(:func:`new_paths`): ``rollout=lean`` alone (``new_fp32`` where the CPU has native bf16, else
+``new``) and, where it has, bf16 autocast training, bf16 rollouts and a bf16 eval (``new``). Each
 path runs as the study runs an arm: one joblib multirun of two seeds, two one-thread jobs side by
 side; one path after the other. Each path's step-0 eval is generated first (two at once, not
 counted) so that the timed runs replay it.
@@ -138,13 +138,13 @@ BF16_PATH = ["rollout=lean", "rollout.dtype=bfloat16", "train.precision=bf16-aut
 
 
 def new_paths(bf16_flags: list[str]) -> dict[str, list[str]]:
-    """The new paths' overrides: the lean decode; where the CPU has native bf16, :data:`BF16_PATH`: bf16
-    autocast training and bf16 rollouts (and a speed knob, same maths: the eager attention, whose
-    matmuls run bf16's forward + backward faster than sdpa's CPU kernel), with the eval in fp32
-    (``new_eval_fp32``) and in bf16 (``new``)."""
+    """The new paths' overrides: ``rollout=lean`` alone (``new`` on a CPU without native bf16, else
+    ``new_fp32``: the decode's own gain); where the CPU has native bf16, ``new`` is :data:`BF16_PATH`
+    (bf16 autocast training, bf16 rollouts, and a speed knob, same maths: the eager attention, whose
+    matmuls run bf16's forward + backward faster than sdpa's CPU kernel) with the eval in bf16."""
     if not bf16_flags:
         return {"new": ["rollout=lean"]}
-    return {"new_eval_fp32": BF16_PATH, "new": [*BF16_PATH, "rollout.eval_dtype=bfloat16"]}
+    return {"new_fp32": ["rollout=lean"], "new": [*BF16_PATH, "rollout.eval_dtype=bfloat16"]}
 
 
 def path_spec(spec: dict, arm: str, name: str, extra: list[str], **design) -> dict:
