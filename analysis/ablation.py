@@ -267,9 +267,11 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}"
 
 
-# the CPU's generation and vector ISA, recorded since 2026-12-04 (a VM may name Zen 3 and Zen 4
-# alike); reports show them only where a run recorded them, so older reports regenerate unchanged
-CPU_DETAIL_KEYS = ("provenance.machine.cpu_family_model", "provenance.machine.cpu_capability")
+# the CPU's generation and vector ISA (recorded since 2026-12-04; a VM may name Zen 3 and Zen 4 alike)
+# and its native-bf16 flags (since 2026-12-06); reports show them only where a run recorded them, so
+# older reports regenerate unchanged
+CPU_DETAIL_KEYS = ("provenance.machine.cpu_family_model", "provenance.machine.cpu_capability",
+                   "provenance.machine.cpu_bf16")
 
 
 def _provenance_lines(records: list[RunRecord]) -> list[str]:

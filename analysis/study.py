@@ -90,6 +90,7 @@ from mlflow.tracking import MlflowClient
 from analysis import seedtest
 from analysis.ablation import CPU_DETAIL_KEYS, RunRecord, bootstrap, load_sweep, per_problem
 from analysis import multiarm
+from analysis.study_precision import check_native_bf16, precision_line
 from analysis.seedtest import MIN_SEEDS, VERDICT_NAMES
 
 RESULTS = Path("results")
@@ -338,6 +339,7 @@ def run_missing(spec: dict, root: Path = RESULTS, jobs: int | None = None, launc
     check_registration(spec, root, has_finished=any(records.values()))
     if not todo:
         return todo
+    check_native_bf16(spec, error=StudyError)  # a bf16-autocast arm on a CPU without native bf16: refused
     launcher = launcher or spec.get("launcher", "joblib")
     jobs = jobs or spec.get("jobs", 1)
     study_dir(spec, root).mkdir(parents=True, exist_ok=True)
@@ -963,10 +965,11 @@ def _annotate(spec: dict, records: dict, root: Path) -> tuple[list[str], str | N
     machine(s) the runs recorded (``provenance.machine.cpu`` / ``.cores`` params; None when no run
     recorded one), so that a report regenerated elsewhere still names where the runs were measured."""
     client = MlflowClient(store_uri(spec, root))
-    commits, dirty, machines = set(), set(), set()
+    commits, dirty, machines, bf16 = set(), set(), set(), set()
     for runs in records.values():
         for r in runs.values():
             run = client.get_run(r.run_id)
+            bf16.add(run.data.params.get("provenance.machine.cpu_bf16", "not recorded"))
             r.params["_start_ms"] = run.info.start_time or 0
             r.params["_end_ms"] = run.info.end_time or r.params["_start_ms"]
             commits.add(run.data.tags.get("git_commit", "?"))
@@ -978,6 +981,7 @@ def _annotate(spec: dict, records: dict, root: Path) -> tuple[list[str], str | N
                 machines.add(f"{cpu} ({', '.join([*extra, f'{cores} cores'])})")
     lines = [f"git commit of the runs: {', '.join(sorted(commits))}; git_dirty: {', '.join(sorted(dirty))}"] \
         if commits else []
+    lines += [x for x in [precision_line(spec, sorted(bf16))] if x]
     return lines, " and ".join(sorted(machines)) or None
 
 

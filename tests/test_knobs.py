@@ -35,7 +35,7 @@ from hydra.errors import HydraException
 from harness.tasks import TASKS
 from harness.launch.validate import ConfigError, validate
 from tests.conftest import compose
-from tests.knob_probe import BASE, adamw_noise_ok, diff, metric, probe, same
+from tests.knob_probe import BASE, MemoryTracker, adamw_noise_ok, diff, metric, probe, same
 
 # the tiny model "calls" on any token with an "e" (test_tools.py); 40 tokens hold a whole observation
 ANY_E = ("tools.call_open=", "tools.call_close=e", "rollout.max_new_tokens=40")
@@ -170,6 +170,7 @@ KNOBS = {
     "model.name_or_path": check("check_model_name_or_path"),
     "model.dtype": math_("bfloat16", "loss"),
     "model.gradient_checkpointing": speed("true"),
+    "model.attn_implementation": check("check_attn_implementation"),
     "model.device": check("check_model_device"),
     "model.tiny_config": math_("{model_type:llama,hidden_size:16,intermediate_size:32,num_hidden_layers:1,"
                                "num_attention_heads:2,num_key_value_heads:1,tie_word_embeddings:true}", "weights"),
@@ -206,6 +207,22 @@ KNOBS = {
     "rollout/vllm.lora_sync": check("check_vllm_lora_sync"),
     "rollout/hf.max_turns": math_(1, "rollout", "tools=calculator", *ANY_E),
     "rollout/vllm.max_turns": check("check_vllm_max_turns"),
+    # rollout=lean: the lean batched decode (tests/test_lean_rollout.py: generate's tokens in float64)
+    "rollout/lean.backend": refused("hf", "choose the backend with rollout=hf"),
+    "rollout/lean.temperature": math_(0.5, "rollout"),
+    "rollout/lean.top_p": math_(0.5, "rollout"),
+    "rollout/lean.top_k": math_(3, "rollout"),
+    "rollout/lean.max_new_tokens": math_(4, "rollout"),
+    "rollout/lean.batch_size": speed(2),
+    "rollout/lean.progress": book("progress bar"),
+    "rollout/lean.share_prefix": speed("false"),
+    "rollout/lean.staleness": math_(1, "rollout"),
+    "rollout/lean.overlap": speed("true", "rollout.staleness=1"),
+    "rollout/lean.max_turns": math_(1, "rollout", "tools=calculator", *ANY_E),
+    "rollout/lean.compact": speed(0.0),  # finished rows leave the batch at once: the same tokens
+    # the rollouts decoded by a bf16 copy: the tiny model's tokens survive bf16's rounding, its log-probs do not
+    "rollout/lean.dtype": math_("bfloat16", "metric:rollout/logprob_diff_mean"),
+    "rollout/lean.eval_dtype": check("check_lean_eval_dtype"),  # the evals decoded by a bf16 copy
     # ---------------------------------------------------------------- tools (episode rollouts)
     "tools": check("check_tools_group"),
     "tools/calculator.call_open": math_("X", "rollout", "tools.call_close=e", "rollout.max_new_tokens=40"),
@@ -497,6 +514,46 @@ def test_refused_knob_values_fail_at_startup_naming_the_key(key):
     for k in sorted(k for k, v in KNOBS.items() if v.kind == "check")])
 def test_checked_knob(key, tmp_path, monkeypatch):
     globals()[KNOBS[key].value](key, tmp_path, monkeypatch)
+
+
+def check_lean_eval_dtype(key, tmp_path, monkeypatch):
+    """The run's evals decode on the bf16 copy and its rollouts on the policy (the tiny model's greedy
+    tokens survive bf16's rounding, so the dtype of the module each decode ran is what is observed)."""
+    from harness.rollout.lean import LeanRollout
+    from harness.launch.run import build_components, prepare
+    from harness.train.trainer import Trainer
+
+    seen = []
+    decode = LeanRollout._decode
+    monkeypatch.setattr(LeanRollout, "_decode", lambda self, model, *a: seen.append(
+        (a[2].purpose, next(model.parameters()).dtype)) or decode(self, model, *a))
+    cfg = compose(*BASE, "rollout=lean", "rollout.eval_dtype=bfloat16", "train.steps=1")
+    prepare(cfg)
+    task, tok, policy, critic, backend = build_components(cfg)
+    Trainer(cfg, task, tok, policy, backend, MemoryTracker(), critic=critic).fit()
+    assert {("eval", torch.bfloat16), ("rollout", torch.float32)} == set(seen)
+
+
+def check_attn_implementation(key, tmp_path, monkeypatch):
+    """eager reaches the policy and computes sdpa's log-probs (float32 rounding); refused in float64,
+    where transformers' eager softmax runs in float32."""
+    from harness.model.models import load_tokenizer
+    from harness.launch.run import build_policy
+
+    cfg = compose(*BASE, "model.attn_implementation=eager")
+    tok = load_tokenizer(cfg.model.name_or_path)
+    torch.manual_seed(0)
+    eager = build_policy(cfg, tok)
+    torch.manual_seed(0)
+    sdpa = build_policy(compose(*BASE), tok)
+    assert eager.config._attn_implementation == "eager" and sdpa.config._attn_implementation == "sdpa"
+    enc = tok(["a b c d", "e f"], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        a, b = (m(**enc).logits.log_softmax(-1) for m in (eager, sdpa))
+    real = enc["attention_mask"].bool()
+    torch.testing.assert_close(a[real], b[real], rtol=0, atol=1e-5)
+    with pytest.raises(ConfigError, match="float64"):
+        validate(compose(*BASE, "model.attn_implementation=eager", "model.dtype=float64"))
 
 
 def check_eval_initial_cache(key, tmp_path, monkeypatch):

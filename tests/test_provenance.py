@@ -97,7 +97,7 @@ def test_cpu_fields_come_from_the_first_processor_of_cpuinfo(tmp_path, monkeypat
     cap = torch.backends.cpu.get_cpu_capability()
     assert provenance.cpu_label() == f"AMD EPYC (family/model 25/17, {cap})"
     m = provenance.machine()
-    assert (m["cpu"], m["cpu_family_model"], m["cpu_capability"]) == ("AMD EPYC", "25/17", cap)
+    assert (m["cpu"], m["cpu_family_model"], m["cpu_capability"], m["cpu_bf16"]) == ("AMD EPYC", "25/17", cap, "none")
     monkeypatch.setattr(provenance, "_cpuinfo", lambda: read(tmp_path / "absent"))  # macOS, Windows
     assert provenance.cpu_family_model() == "unknown" and provenance.cpu_model()
 

@@ -27,10 +27,15 @@ FAST = {
     "test_progress.py", "test_eval_metrics.py", "test_perf_metrics.py", "test_registry.py", "test_length_penalty.py", "test_entropy_control.py", "test_gdpo.py",
     "test_step_metrics.py", "test_update_mfu.py", "test_alloc.py", "test_float64_path.py",
     "test_device_hygiene.py", "test_peer_golden.py", "test_peer_golden_losses.py",
-    "test_adv_transforms.py", "test_seedtest.py", "test_noise.py", "test_layers.py", "test_random_reward.py",
+    "test_adv_transforms.py", "test_seedtest.py", "test_noise.py", "test_layers.py", "test_random_reward.py", "test_study_precision.py",
 }
 # single tests of slow modules that belong to the fast tier
 FAST_TESTS = {
+    # the lean decode against generate on the tiny model (the embedded model's comparisons stay slow)
+    *(f"test_lean_rollout.py::{t}" for t in (
+        "test_lean_gives_generates_tokens_in_float64", "test_eager_attention_takes_the_additive_mask",
+        "test_finished_rows_leave_the_batch", "test_decode_attention_is_sdpas_in_float64",
+        "test_bf16_copy_follows_the_weight_syncs_and_only_its_purpose", "test_bad_values_are_refused")),
     "test_pipeline.py::test_two_steps_log_params_metrics_tags_and_artifacts",  # the tiny end-to-end run
     "test_eval_cache.py::test_key_changes_with_what_the_eval_depends_on_and_not_with_where_it_is_kept",
     "test_eval_cache.py::test_store_then_load_and_a_damaged_file_is_a_miss",

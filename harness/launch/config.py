@@ -34,6 +34,9 @@ class ModelConfig:
 
     name_or_path: str = "embedded:smollm2-135m-instruct"
     dtype: str = "float32"  # float32 | bfloat16 | float16 | float64 (double end to end: exactness checks)
+    # the attention kernels: sdpa (torch's fused kernel) | eager (two matmuls and a softmax in fp32: the same
+    # maths; under bf16 on a CPU its forward + backward ran 1.6x faster, docs/benchmarks.md)
+    attn_implementation: str = "sdpa"
     gradient_checkpointing: bool = False
     # where the policy, reference and critic train: auto = cuda:<LOCAL_RANK> when CUDA is available, else cpu
     device: str = "auto"

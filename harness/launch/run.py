@@ -38,7 +38,7 @@ from harness.launch.validate import ConfigError, validate
 from harness.model import precision
 from harness.model.lora import build_adapters
 from harness.model.models import ModelLoadError, dtype_of, keep_float64, load_causal_lm, load_tokenizer
-from harness.rollout import build_backend
+from harness.rollout import build_backend, eval_decode
 from harness.rollout.episode import EpisodeRollout
 from harness.runtime import alloc, perf, provenance
 from harness.tasks import build_task
@@ -60,8 +60,8 @@ CONF_DIR = Path(__file__).resolve().parents[2] / "conf"  # absolute: main runs f
 
 def build_policy(cfg, tokenizer):
     """The policy model: a random ``model.tiny_config`` architecture or the loaded weights, in
-    ``model.dtype``, with ``model.gradient_checkpointing`` applied either way, and the ``lora``
-    option applied (:meth:`harness.model.lora.FullFineTuning.apply`).
+    ``model.dtype``, with ``model.attn_implementation`` and ``model.gradient_checkpointing`` applied
+    either way, and the ``lora`` option applied (:meth:`harness.model.lora.FullFineTuning.apply`).
 
     Raises:
         ModelLoadError: the weights cannot be loaded, or the adapters cannot be applied to them
@@ -77,6 +77,7 @@ def build_policy(cfg, tokenizer):
         model = keep_float64(model.to(dtype_of(cfg.model.dtype)))
     else:
         model = load_causal_lm(cfg.model.name_or_path, cfg.model.dtype)
+    model.set_attn_implementation(cfg.model.attn_implementation)
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     try:  # lora=peft: adapters injected (or lora.adapter_path's loaded), the base frozen
@@ -377,6 +378,7 @@ def _run_tags(job: _Job, policy) -> dict:
         "output_dir": str(job.output_dir), "world_size": w.world_size,
         "process_group": w.backend or "none",  # torchrun joins one even of one rank (harness.train.distributed.init)
         "device": str(next(policy.parameters()).device),  # where the models trained (model.device)
+        "eval.decode": eval_decode(cfg.rollout, policy),  # what decoded the evals: backend and dtype
         **({f"precision.auto.{k}": v for k, v in precision.LAST_PROBE.items()} if precision.LAST_PROBE else {}),
         **{f"malloc.{k}": v for k, v in alloc.APPLIED.items()},  # allocator thresholds set at startup
         **({"sweep": cfg.tracking.sweep} if cfg.tracking.sweep else {}),

@@ -152,6 +152,10 @@ def _model_and_training(cfg, schema) -> None:
            f"model.dtype=float64 with rollout={cfg.rollout.backend}: that engine has no float64 kernels; "
            "use rollout=hf (float64 is for exactness checks, see harness.model.precision) or model.dtype=float32")
     _choice("model.device", cfg.model.device, ["auto", "cpu", "cuda"])
+    _choice("model.attn_implementation", cfg.model.attn_implementation, ["sdpa", "eager"])
+    _check(cfg.model.attn_implementation != "eager" or cfg.model.dtype != "float64",
+           "model.attn_implementation=eager with model.dtype=float64: transformers' eager attention takes its "
+           "softmax in float32 (and a left-padded row's fully masked pad queries then give NaN); use sdpa")
     _check(cfg.model.device != "cuda" or torch.cuda.is_available(), "model.device=cuda: no CUDA device is visible on this machine "
            "(torch.cuda.is_available() is False); use model.device=auto or cpu")
     _choice("train.precision", cfg.train.precision, ["fp32", "bf16-autocast", "auto"])

@@ -25,5 +25,20 @@ def build_backend(name: str, model, tokenizer, **params) -> RolloutBackend:
     return spec.fn(model, tokenizer, spec.build(params))
 
 
+def eval_decode(rollout, policy) -> str:
+    """What decodes a run's evals, as its ``eval.decode`` tag names it: ``rollout=<backend>, <dtype>``,
+    the dtype being the backend's ``eval_dtype`` (``rollout=lean``), else its engine ``dtype``
+    (``rollout=vllm``), when set to other than ``auto``, else the policy's.
+
+    Args:
+        rollout: the run's ``rollout`` config node.
+        policy: the policy module.
+    """
+    dtype = rollout.get("eval_dtype", rollout.get("dtype", "auto"))
+    if dtype == "auto":
+        dtype = str(next(policy.parameters()).dtype).removeprefix("torch.")
+    return f"rollout={rollout.backend}, {dtype}"
+
+
 __all__ = ["BACKENDS", "RolloutBackend", "RolloutBatch", "RolloutConfig", "SamplingParams", "build_backend",
-           "concat_batches", "empty_batch"]
+           "concat_batches", "empty_batch", "eval_decode"]

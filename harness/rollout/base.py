@@ -57,6 +57,10 @@ class SamplingParams:
     how the rows are split into batches (``rollout.batch_size``), on prefix sharing or on other
     rows; None uses torch's global generator. ``row_offset`` is the index of this call's first row
     in a larger logical batch that the caller splits into several calls (evaluation does).
+
+    ``purpose``: ``rollout`` (the trainer's draws) or ``eval`` (:func:`harness.train.evaluation.evaluate`,
+    the measurement); a backend may decode the two in different dtypes (``rollout=lean``'s
+    ``dtype`` and ``eval_dtype``); the others decode both alike.
     """
 
     temperature: float = RolloutConfig.temperature  # the defaults are the rollout config's
@@ -65,6 +69,7 @@ class SamplingParams:
     max_new_tokens: int = RolloutConfig.max_new_tokens
     seed: int | None = None
     row_offset: int = 0
+    purpose: str = "rollout"
 
 
 @dataclass

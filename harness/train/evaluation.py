@@ -77,7 +77,7 @@ def evaluate(task, backend, tokenizer, problems, *, max_new_tokens: int, num_sam
     """
     prompts = [task.prompt(p, tokenizer) for p in problems]
     golds = [p.gold for p in problems]
-    greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, purpose="eval")
     texts, lengths = [], []
     with progress.bar(len(prompts), "problems") as bar:
         for s in range(0, len(prompts), batch_size):
@@ -103,13 +103,13 @@ def evaluate(task, backend, tokenizer, problems, *, max_new_tokens: int, num_sam
         for p, t, v in list(zip(problems, texts, verdicts))[:log_samples]
     ]
     if num_samples > 0:
-        params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
+        params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, purpose="eval")
         per_prompt = max(1, batch_size // num_samples)
         correct, answers = [], []
         for s in range(0, len(prompts), per_prompt):
             if seed is not None:
                 params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
-                                        row_offset=(first_index + s) * num_samples)
+                                        row_offset=(first_index + s) * num_samples, purpose="eval")
             out = backend.generate(prompts[s : s + per_prompt], num_samples, params)
             gs = [g for g in golds[s : s + per_prompt] for _ in range(num_samples)]
             for v in task.score(out.texts, gs):
