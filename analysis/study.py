@@ -1000,12 +1000,13 @@ def index(root: Path = RESULTS, studies: Path = Path("studies")) -> Path:
     superseded = {p: study["name"] for _, study in files for p in study.get("pilots", [])}
     # the README's first row group: the studies with ``comparisons`` (the design card's grid), one row per arm
     families = [(f, s) for f, s in files if "comparisons" in s]
-    not_run = []  # two-arm studies with no finished run: named in the README's note, rows here
+    not_run = []  # studies with no finished run: named in the README's note, rows here
     for f, study in families + [(f, s) for f, s in files if "comparisons" not in s]:
         res_path = study_dir(study, root) / "result.json"
         res = json.loads(res_path.read_text()) if res_path.exists() else None
         keep = short if study["name"] not in superseded else []
-        if "comparisons" not in study and not (res or {}).get("runs_finished") and study["name"] not in superseded:
+        finished = (res or {}).get("cost", {}).get("runs") if "comparisons" in study else (res or {}).get("runs_finished")
+        if not finished and study["name"] not in superseded:
             not_run.append(study["name"])
             keep = []
         if "comparisons" in study:  # the family's own row first: its claim once, what was decided, its cost
