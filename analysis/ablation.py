@@ -17,9 +17,10 @@ For each estimator (runs grouped by the ``estimator`` tag, seeds by the ``seed``
   (secondary: 3 seeds give it 2 degrees of freedom);
 * **cost**: mean step time (steps after the first) and peak memory per estimator;
 * **power**: from the measured spread of the per-seed paired differences (which includes the
-  eval-problem noise of a fixed eval set), the difference a paired t-test over the seeds run
-  detects with 80% power at the 5% level, and the seeds a 5-point difference needs
-  (``(t_0.975,n-1 + t_0.8,n-1) * sd / sqrt(n) <= 0.05``);
+  eval-problem noise of a fixed eval set), the difference a two-sided paired t-test at the 5% level
+  over the seeds run detects with 80% power, and the seeds a 5-point difference needs for 80% power,
+  both exact (noncentral t: :func:`analysis.stats.min_detectable`, :func:`analysis.stats.seeds_for_power`,
+  the study reports' figures);
 * plots ``results/plots/ablation_accuracy_vs_step.png`` and ``..._vs_time.png`` (mean, bootstrap
   band, every seed drawn thin).
 
@@ -42,10 +43,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from mlflow.tracking import MlflowClient
-from scipy import stats
 
+from analysis import stats
 from analysis.collect import find_duplicates
 from harness.launch.tracking import artifact_path
+
+POWER_DELTA = 0.05  # the difference (5 points of accuracy) the power statement is about
 
 @dataclass
 class RunRecord:
@@ -130,23 +133,6 @@ def _by_estimator(records: list[RunRecord]) -> dict[str, dict[int, RunRecord]]:
     return out
 
 
-def bootstrap(values: np.ndarray, n_boot: int, rng) -> np.ndarray:
-    """Means of ``values`` ``[seeds, problems]`` over ``n_boot`` two-level resamples (seeds with
-    replacement, then problems with replacement, the same problem draw for every seed)."""
-    S, N = values.shape
-    si = rng.integers(0, S, size=(n_boot, S))
-    pj = rng.integers(0, N, size=(n_boot, N))
-    out = np.empty(n_boot)
-    for b in range(n_boot):
-        out[b] = values[np.ix_(si[b], pj[b])].mean()
-    return out
-
-
-def interval(draws: np.ndarray) -> tuple[float, float]:
-    lo, hi = np.quantile(draws, [0.025, 0.975])
-    return float(lo), float(hi)
-
-
 def per_problem(rec: RunRecord, what: str) -> np.ndarray:
     """``[problems]``: final verdicts (``final``) or per-problem area under the eval curve (``auc``)."""
     return rec.correct[-1] if what == "final" else auc(rec.eval_steps, rec.correct)
@@ -167,7 +153,8 @@ def analyse(records: list[RunRecord], baseline: str = "grpo", n_boot: int = 2000
         for what in ("final", "auc"):
             vals = np.stack([per_problem(r, what) for r in runs])
             row[what] = float(vals.mean())
-            row[f"{what}_lo"], row[f"{what}_hi"] = interval(bootstrap(vals, n_boot, rng))
+            draws = stats.two_level_bootstrap(vals, n_boot, rng)
+            row[f"{what}_lo"], row[f"{what}_hi"] = stats.percentile_interval(draws)
             row[f"{what}_seeds"] = [float(v) for v in vals.mean(axis=1)]
         row["step_time_s"] = float(np.mean([r.step_time_s for r in runs]))
         row["step_time_min"], row["step_time_max"] = min(r.step_time_s for r in runs), max(r.step_time_s for r in runs)
@@ -179,45 +166,25 @@ def analyse(records: list[RunRecord], baseline: str = "grpo", n_boot: int = 2000
         seeds = sorted(set(groups[est]) & set(groups[baseline]))
         for what in ("final", "auc"):
             d = np.stack([per_problem(groups[est][s], what) - per_problem(groups[baseline][s], what) for s in seeds])
-            draws = bootstrap(d, n_boot, rng)
+            draws = stats.two_level_bootstrap(d, n_boot, rng)
             per_seed = d.mean(axis=1)
-            lo, hi = interval(draws)
-            p_boot = min(1.0, 2 * min(float((draws <= 0).mean()), float((draws >= 0).mean())))
-            t_p = _paired_t_p(per_seed)
+            lo, hi = stats.percentile_interval(draws)
+            p_boot = stats.bootstrap_p(draws)
+            t_p = stats.paired_t_p(per_seed)
             sd = float(np.std(per_seed, ddof=1)) if len(per_seed) > 1 else math.nan
             paired.append({"estimator": est, "metric": what, "pairs": len(seeds), "diff": float(d.mean()),
                            "lo": lo, "hi": hi, "p_boot": p_boot, "p_t": t_p, "sd_seed": sd})
     sds = [p["sd_seed"] for p in paired if p["metric"] == "final" and not math.isnan(p["sd_seed"])]
     sd_pooled = float(np.sqrt(np.mean(np.square(sds)))) if sds else math.nan
     n_seeds = min((p["pairs"] for p in paired), default=0)
-    power = {"sd_pooled": sd_pooled, "delta": 0.05, "seeds": n_seeds,
-             "seeds_needed": seeds_needed(sd_pooled, 0.05) if sds else None,
-             "mde": min_detectable(sd_pooled, n_seeds) if sds and n_seeds >= 2 else math.nan,
+    power = {"sd_pooled": sd_pooled, "delta": POWER_DELTA, "seeds": n_seeds,
+             "seeds_needed": stats.seeds_for_power({"kind": "difference", "delta": POWER_DELTA, "alpha": 0.05},
+                                                   sd_pooled) if sds else None,
+             "mde": stats.min_detectable(sd_pooled, n_seeds) if sds and n_seeds >= 2 else math.nan,
              "problems": n_problems.pop(),
              "se_one_run": float(np.sqrt(np.mean([r.correct[-1].mean() * (1 - r.correct[-1].mean())
                                                   for r in records]) / records[0].correct.shape[1]))}
     return {"summary": summary, "paired": paired, "power": power, "baseline": baseline}
-
-
-def seeds_needed(sd: float, delta: float, alpha: float = 0.05, power: float = 0.8) -> int:
-    """Smallest number of paired seeds n >= 2 with ``(t_{1-alpha/2, n-1} + t_{power, n-1}) * sd / sqrt(n) <= delta``
-    (the paired t-test's power approximation with t quantiles, not z: few seeds cost more)."""
-    for n in range(2, 10_000):
-        if (stats.t.ppf(1 - alpha / 2, n - 1) + stats.t.ppf(power, n - 1)) * sd / math.sqrt(n) <= delta:
-            return n
-    return 10_000
-
-
-def min_detectable(sd: float, n: int, alpha: float = 0.05, power: float = 0.8) -> float:
-    """The difference a paired t-test over ``n`` seeds detects with ``power`` at level ``alpha``."""
-    return float((stats.t.ppf(1 - alpha / 2, n - 1) + stats.t.ppf(power, n - 1)) * sd / math.sqrt(n))
-
-
-def _paired_t_p(d) -> float:
-    d = np.asarray(d, dtype=float)
-    if len(d) < 2 or np.std(d, ddof=1) == 0:
-        return math.nan
-    return float(stats.ttest_1samp(d, 0.0).pvalue)
 
 
 def plot(records: list[RunRecord], out_dir: Path, n_boot: int = 2000) -> list[Path]:
@@ -242,8 +209,8 @@ def plot(records: list[RunRecord], out_dir: Path, n_boot: int = 2000) -> list[Pa
             steps = runs[0].eval_steps
             xs = [np.mean([r.elapsed_at.get(s, 0.0) / 60 for r in runs]) if xkind == "time" else s for s in steps]
             mean = [np.mean([r.correct[i].mean() for r in runs]) for i in range(len(steps))]
-            band = [interval(bootstrap(np.stack([r.correct[i] for r in runs]), n_boot // 4, rng))
-                    for i in range(len(steps))]
+            band = [stats.percentile_interval(stats.two_level_bootstrap(np.stack([r.correct[i] for r in runs]),
+                                                                         n_boot // 4, rng)) for i in range(len(steps))]
             line, = ax.plot(xs, mean, marker="o", label=f"{est} ({len(runs)} seeds)")
             ax.fill_between(xs, [b[0] for b in band], [b[1] for b in band], alpha=0.15, color=line.get_color())
             for r in runs:
@@ -267,9 +234,9 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}"
 
 
-# the CPU's generation and vector ISA (recorded since 2026-12-04; a VM may name Zen 3 and Zen 4 alike)
-# and its native-bf16 flags (since 2026-12-06); reports show them only where a run recorded them, so
-# older reports regenerate unchanged
+# the CPU's generation and vector ISA (a VM may name Zen 3 and Zen 4 alike) and its native-bf16 flags;
+# reports show them only where a run recorded them (older runs did not), so the reports of older runs
+# regenerate unchanged
 CPU_DETAIL_KEYS = ("provenance.machine.cpu_family_model", "provenance.machine.cpu_capability",
                    "provenance.machine.cpu_bf16")
 
@@ -371,7 +338,7 @@ def conclusion(result: dict) -> list[str]:
                      f"fixed {pw['problems']}-problem set that pairing does not cancel). With {pw['seeds']} seeds a "
                      f"two-sided 5% paired t-test has 80% power only for differences of about "
                      f"**{100 * pw['mde']:.1f} points**; a 5-point difference needs **{pw['seeds_needed']} seeds** "
-                     "per estimator (t quantiles). This spread was measured between estimators whose "
+                     "per estimator (exact, noncentral t). This spread was measured between estimators whose "
                      "differences here are small; a variant that changes the training more may spread more.")
     return lines
 

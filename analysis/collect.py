@@ -12,12 +12,12 @@ Produces two frames and writes them under ``--out`` (default ``reports/``, git-i
   ``--include-unfinished``); they are also printed.
 - ``duplicate_runs.csv``: runs dropped as duplicates of the same job (unless
   ``--keep-duplicates``): the same experiment and ``config_key`` tag (the job's config and seed,
-  :func:`harness.run.config_key`). Older harness versions trained a finished job again when its
+  :func:`harness.launch.job.config_key`). Older harness versions trained a finished job again when its
   command was rerun (a requeued SLURM job, a re-submitted multirun), leaving two runs of one
   seed that a study would count twice. The latest-started FINISHED run of each job is kept (a
   job started again on purpose, ``resume=never`` or a new ``checkpoint.dir``, supersedes the
   earlier run); each dropped run is printed with the run it duplicates. Runs tagged
-  ``rerun_of`` (``python -m harness.rerun``: a deliberate repeat) are never dropped.
+  ``rerun_of`` (``python -m harness.launch.rerun``: a deliberate repeat) are never dropped.
 
 Example::
 
@@ -133,7 +133,7 @@ def find_duplicates(runs: pd.DataFrame) -> pd.DataFrame:
     """Runs of ``runs`` that repeat another run of the same job, as ``DUPLICATE_COLUMNS`` rows.
 
     A job is an (``experiment``, ``tags.config_key``) pair; runs without that tag (not written by
-    ``harness.run``) or tagged ``rerun_of`` are never duplicates. Of each job's runs the kept one
+    ``python -m harness.run``) or tagged ``rerun_of`` are never duplicates. Of each job's runs the kept one
     is the latest-started FINISHED run (the latest run when none finished); every other run is a
     duplicate whose ``duplicate_of`` names the kept run.
     """
@@ -176,7 +176,7 @@ def collect_runs(tracking_uri: str | None = None, experiments: list[str] | None 
     others (FAILED, RUNNING, KILLED, ...) go to ``Collection.skipped`` and are printed.
     Experiments that do not exist are reported and ignored. First, RUNNING runs whose process
     is gone (this host, dead pid) or whose heartbeat is older than ``stale_after_hours`` are
-    closed as KILLED with the tag ``harness.closed_reason`` (:func:`harness.tracking.close_stale_runs`;
+    closed as KILLED with the tag ``harness.closed_reason`` (:func:`harness.launch.tracking.close_stale_runs`;
     None leaves them alone). Then duplicate runs of one job (:func:`find_duplicates`) are printed
     with the run they repeat and dropped into ``Collection.duplicates`` unless ``keep_duplicates``.
     """
@@ -189,13 +189,7 @@ def collect_runs(tracking_uri: str | None = None, experiments: list[str] | None 
         _say(verbose, f"[collect] no MLflow store at {db_path} ({uri}); nothing collected")
         return empty
     client = MlflowClient(tracking_uri=uri)
-    exp_names: dict[str, str] = {}
-    for name in experiments:
-        exp = client.get_experiment_by_name(name)
-        if exp is None:
-            _say(verbose, f"[collect] experiment {name!r} not found in {uri}; ignored")
-        else:
-            exp_names[str(exp.experiment_id)] = name
+    exp_names = _experiments(client, experiments, uri, verbose)
     if not exp_names:
         return empty
     if stale_after_hours is not None:
@@ -212,7 +206,28 @@ def collect_runs(tracking_uri: str | None = None, experiments: list[str] | None 
     if raw is None or len(raw) == 0:
         _say(verbose, "[collect] no runs matched")
         return empty
-    runs = _tidy_runs(raw, exp_names)
+    runs, skipped = _split_unfinished(_tidy_runs(raw, exp_names), include_unfinished, verbose)
+    runs, duplicates = _split_duplicates(runs, keep_duplicates)
+    history = fetch_history(client, runs["run_id"].tolist(), runs)
+    _say(verbose, f"[collect] {len(runs)} run(s), {len(history)} history point(s) from {uri}")
+    return Collection(runs=runs, history=history, skipped=skipped, duplicates=duplicates)
+
+
+def _experiments(client, names: list[str], uri: str, verbose: bool) -> dict[str, str]:
+    """``{experiment id: name}`` of the experiments ``names`` that exist in the store (the others named)."""
+    out: dict[str, str] = {}
+    for name in names:
+        exp = client.get_experiment_by_name(name)
+        if exp is None:
+            _say(verbose, f"[collect] experiment {name!r} not found in {uri}; ignored")
+        else:
+            out[str(exp.experiment_id)] = name
+    return out
+
+
+def _split_unfinished(runs: pd.DataFrame, include_unfinished: bool, verbose: bool) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``(runs, skipped)``: the runs not FINISHED, printed, and left out of ``runs`` unless
+    ``include_unfinished``."""
     unfinished = runs["status"] != "FINISHED"
     skipped = runs.loc[unfinished, [c for c in SKIPPED_COLUMNS if c in runs.columns]].reset_index(drop=True)
     if len(skipped):
@@ -223,6 +238,12 @@ def collect_runs(tracking_uri: str | None = None, experiments: list[str] | None 
                           f"group_size={r.get('group_size')} seed={r.get('seed')} name={r.get('run_name')}")
     if not include_unfinished:
         runs = runs.loc[~unfinished].reset_index(drop=True)
+    return runs, skipped
+
+
+def _split_duplicates(runs: pd.DataFrame, keep_duplicates: bool) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``(runs, duplicates)``: the duplicate runs of one job (:func:`find_duplicates`), printed with the
+    run each repeats, and left out of ``runs`` unless ``keep_duplicates``."""
     duplicates = find_duplicates(runs)
     if len(duplicates):
         action = "kept (--keep-duplicates)" if keep_duplicates else "dropped"
@@ -234,9 +255,7 @@ def collect_runs(tracking_uri: str | None = None, experiments: list[str] | None 
                        f"name={r.get('run_name')})")
         if not keep_duplicates:
             runs = runs.loc[~runs["run_id"].isin(duplicates["run_id"])].reset_index(drop=True)
-    history = fetch_history(client, runs["run_id"].tolist(), runs)
-    _say(verbose, f"[collect] {len(runs)} run(s), {len(history)} history point(s) from {uri}")
-    return Collection(runs=runs, history=history, skipped=skipped, duplicates=duplicates)
+    return runs, duplicates
 
 
 def save_collection(coll: Collection, out: str | Path = DEFAULT_OUT, parquet: bool = False) -> dict[str, Path]:

@@ -1,4 +1,4 @@
-"""Compare variants over seeds: means with 95% t-CIs, paired bootstrap differences, pass@k.
+"""Compare variants over seeds: means with 95% t-CIs, paired bootstrap differences.
 
 Reads the frames written by ``python -m analysis.collect`` (``results/runs.csv``,
 ``results/history.csv``) and writes:
@@ -24,57 +24,18 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from analysis import DEFAULT_BY, DEFAULT_OUT
 from analysis.collect import load_collection
 from analysis.mdtable import markdown_table
+from analysis.stats import paired_bootstrap_ci, t_ci, welch_p
 
 METRICS = ["final_eval_accuracy", "reward_auc", "peak_mem_gib", "step_time_s", "wall_time_s",
            "final_pass_at_k"]
 GIB = float(2 ** 30)
 
 
-# ----------------------------------------------------------------------------- statistics
-def pass_at_k(n, c, k):
-    """Unbiased pass@k estimator (Chen et al. 2021): ``1 - C(n-c, k) / C(n, k)``.
-
-    ``n`` samples per problem of which ``c`` are correct; ``n``/``c`` may be arrays (one entry
-    per problem, broadcast), the result then has the same shape. Requires ``k <= n``.
-    """
-    n_arr, c_arr = np.broadcast_arrays(np.asarray(n, dtype=np.int64), np.asarray(c, dtype=np.int64))
-    if np.any(k > n_arr) or k < 1:
-        raise ValueError(f"need 1 <= k <= n, got k={k}, n={n}")
-    if np.any((c_arr < 0) | (c_arr > n_arr)):
-        raise ValueError("need 0 <= c <= n")
-    out = np.empty(n_arr.shape, dtype=float)
-    for idx in np.ndindex(n_arr.shape):
-        ni, ci = int(n_arr[idx]), int(c_arr[idx])
-        if ni - ci < k:
-            out[idx] = 1.0
-        else:  # numerically stable product form of 1 - C(n-c,k)/C(n,k)
-            out[idx] = 1.0 - float(np.prod(1.0 - k / np.arange(ni - ci + 1, ni + 1)))
-    return float(out) if out.ndim == 0 else out
-
-
-def mean_pass_at_k(n, c, k) -> float:
-    """Mean over problems of :func:`pass_at_k` for per-problem counts ``n``/``c``."""
-    return float(np.mean(pass_at_k(n, c, k)))
-
-
-def t_ci(values, conf: float = 0.95) -> tuple[float, float, float, int]:
-    """Mean and two-sided Student-t CI ``(mean, lo, hi, n)``; NaNs dropped, CI NaN if n < 2."""
-    x = np.asarray(pd.to_numeric(pd.Series(values), errors="coerce").dropna(), dtype=float)
-    n = len(x)
-    if n == 0:
-        return math.nan, math.nan, math.nan, 0
-    mean = float(x.mean())
-    if n < 2:
-        return mean, math.nan, math.nan, n
-    half = float(stats.t.ppf(0.5 + conf / 2, n - 1) * x.std(ddof=1) / math.sqrt(n))
-    return mean, mean - half, mean + half, n
-
-
+# ----------------------------------------------------------------------------- the reward curve
 def reward_auc(steps, values) -> float:
     """Trapezoid area under ``values`` vs ``steps`` divided by the step span.
 
@@ -93,32 +54,6 @@ def reward_auc(steps, values) -> float:
     if span == 0:
         return float(v.mean())
     return float(np.sum((s[1:] - s[:-1]) * (v[1:] + v[:-1]) / 2.0) / span)
-
-
-def paired_bootstrap_ci(diffs, n_boot: int = 10000, conf: float = 0.95, seed: int = 0):
-    """Percentile bootstrap CI of the mean of paired differences (NaN if fewer than 2 pairs)."""
-    d = np.asarray(diffs, dtype=float)
-    d = d[~np.isnan(d)]
-    if len(d) < 2:
-        return math.nan, math.nan
-    rng = np.random.default_rng(seed)
-    means = d[rng.integers(0, len(d), size=(n_boot, len(d)))].mean(axis=1)
-    lo, hi = np.quantile(means, [(1 - conf) / 2, (1 + conf) / 2])
-    return float(lo), float(hi)
-
-
-def welch_p(a, b) -> tuple[float, float]:
-    """Welch's unequal-variance t-test ``(t, p)`` via scipy.
-
-    NaN when either side has n < 2 or both samples are constant (zero variance).
-    """
-    a = np.asarray(a, dtype=float)
-    b = np.asarray(b, dtype=float)
-    a, b = a[~np.isnan(a)], b[~np.isnan(b)]
-    if len(a) < 2 or len(b) < 2 or (np.ptp(a) == 0 and np.ptp(b) == 0):
-        return math.nan, math.nan  # undefined without at least one non-constant sample
-    res = stats.ttest_ind(a, b, equal_var=False)
-    return float(res.statistic), float(res.pvalue)
 
 
 # ----------------------------------------------------------------------------- frames
@@ -161,7 +96,7 @@ def per_run_metrics(runs: pd.DataFrame, history: pd.DataFrame) -> pd.DataFrame:
         return fallback
 
     out["final_eval_accuracy"] = final("final/eval_accuracy", from_hist("eval/accuracy", "last"))
-    # runs since 2026-12-01 log perf/peak_mem_gib; older ones perf/peak_mem_bytes
+    # newer runs log perf/peak_mem_gib, older ones perf/peak_mem_bytes
     gib = from_hist("perf/peak_mem_gib", "max")
     out["peak_mem_gib"] = final("final/peak_mem_bytes", gib.where(gib.notna(), from_hist("perf/peak_mem_bytes", "max") / GIB) * GIB) / GIB
     out["step_time_s"] = final("final/step_time_s_mean", from_hist("time/step_s", "mean"))

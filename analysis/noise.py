@@ -1,4 +1,4 @@
-"""Where a study's paired spread comes from, read from committed stores (issue 45, item 2).
+"""Where a study's paired spread comes from, read from committed stores.
 
 For two arms paired by seed, with per-problem greedy verdicts at each eval:
 

@@ -30,8 +30,8 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from analysis import DEFAULT_BY, DEFAULT_OUT  # noqa: E402
 from analysis.collect import load_collection  # noqa: E402
-from analysis.compare import (_norm, paired_bootstrap_ci, per_run_metrics, split_cols, summarize,  # noqa: E402
-                              variant_label)
+from analysis.compare import _norm, per_run_metrics, split_cols, summarize, variant_label  # noqa: E402
+from analysis.stats import paired_bootstrap_ci  # noqa: E402
 
 CURVES = {  # file stem -> (metric key, y label)
     "eval_accuracy": ("eval/accuracy", "eval accuracy (greedy pass@1)"),

@@ -157,58 +157,11 @@ def write_report(out: str | Path, coll: Collection, frames: dict[str, pd.DataFra
         if meta.get(key):
             lines.append(f"- **{key}**: {meta[key]}")
     lines += [f"- **runs used**: {len(coll.runs)}", f"- **runs skipped** (not FINISHED): {len(coll.skipped)}", ""]
-
-    lines += ["## Summary over seeds", "",
-              "Mean and 95% Student-t confidence interval over seeds (blank CI when n = 1). "
-              "Reward AUC is the trapezoid area under `train/reward_mean` vs step divided by the "
-              "step span.", ""]
-    wide = summary_wide(frames.get("summary", pd.DataFrame()))
-    lines.append(markdown_table(wide) if not wide.empty else "_No finished runs with metrics._\n")
-    by_cols = meta.get("group_by_cols") or ["estimator", "group_size"]
-    for w in budget_warnings(frames.get("per_run", pd.DataFrame()), coll.history, by_cols):
-        lines += ["", f"**Warning:** {w}"]
-    mixed = mixed_params(coll.runs, by_cols)
-    if mixed:
-        lines += ["", "**Warning:** within a group, runs differ in more than the seed, so the CI mixes "
-                  f"configurations: {', '.join(f'`{m}`' for m in mixed)}. Filter with `--sweep`/`--tag` "
-                  "or add the columns to `--by`.", ""]
-
-    paired = frames.get("paired")
-    if paired is not None and not paired.empty:
-        lines += ["## Paired comparison", "",
-                  f"A = `{paired['a'].iloc[0]}`, B = `{paired['b'].iloc[0]}`; differences A - B "
-                  f"paired on `{paired['pair_on'].iloc[0] or '(nothing)'}`; 95% percentile bootstrap CI "
-                  "of the mean paired difference; Welch's t-test on the unpaired runs (secondary).", ""]
-        cols = ["metric", "n_pairs", "mean_a", "mean_b", "mean_diff", "boot_lo", "boot_hi", "welch_p"]
-        lines.append(markdown_table(paired[cols]))
-
-    lines += ["## Provenance", ""]
-    prov = provenance_differences(coll.runs)
-    if not any(c.startswith("params.provenance.") for c in coll.runs.columns):
-        lines += ["_The runs record no provenance (logged since 2026-12-01)._", ""]
-    elif prov.empty:
-        lines += ["Every run compared has the same package versions, machine, commit, tree state, data "
-                  "and initial-weight digests.", ""]
-    else:
-        lines += ["The runs compared differ in what produced them (value: runs):", "", markdown_table(prov), ""]
-
-    lines += ["## Runs", ""]
-    per_run = frames.get("per_run", pd.DataFrame())
-    lines.append(markdown_table(_runs_table(per_run)) if not per_run.empty else "_No runs._\n")
-    if len(coll.skipped):
-        lines += ["### Skipped runs", ""]
-        skipped = coll.skipped.copy()
-        skipped["run_id"] = skipped["run_id"].astype(str).str[:8]
-        lines.append(markdown_table(skipped))
-
-    lines += ["## Figures", ""]
-    for name in PLOT_FILES:
-        if name in plots:
-            rel = Path(plots[name]).resolve().relative_to(out.resolve()).as_posix()
-            lines += [f"### {name[:-4].replace('_', ' ')}", "", f"![{name[:-4]}]({rel})", ""]
-    missing = [n for n in PLOT_FILES if n not in plots]
-    if missing:
-        lines += ["Skipped (no data): " + ", ".join(f"`{m}`" for m in missing), ""]
+    lines += _summary_lines(coll, frames, meta.get("group_by_cols") or ["estimator", "group_size"])
+    lines += _paired_lines(frames.get("paired"))
+    lines += _provenance_lines(coll.runs)
+    lines += _runs_lines(coll, frames.get("per_run", pd.DataFrame()))
+    lines += _figure_lines(out, plots)
     lines += ["## Files", "",
               "- `runs.csv` one row per run (tags, params, last metric values); `history.csv` every "
               "metric point (run_id, key, step, value, timestamp); `skipped_runs.csv` runs not used.",
@@ -217,6 +170,73 @@ def write_report(out: str | Path, coll: Collection, frames: dict[str, pd.DataFra
     path = out / "REPORT.md"
     path.write_text("\n".join(lines))
     return path
+
+
+def _summary_lines(coll: Collection, frames: dict[str, pd.DataFrame], by_cols: list[str]) -> list[str]:
+    """The summary over seeds (mean and t interval per variant) and the budget and mixed-config warnings."""
+    lines = ["## Summary over seeds", "",
+             "Mean and 95% Student-t confidence interval over seeds (blank CI when n = 1). "
+             "Reward AUC is the trapezoid area under `train/reward_mean` vs step divided by the "
+             "step span.", ""]
+    wide = summary_wide(frames.get("summary", pd.DataFrame()))
+    lines.append(markdown_table(wide) if not wide.empty else "_No finished runs with metrics._\n")
+    for w in budget_warnings(frames.get("per_run", pd.DataFrame()), coll.history, by_cols):
+        lines += ["", f"**Warning:** {w}"]
+    mixed = mixed_params(coll.runs, by_cols)
+    if mixed:
+        lines += ["", "**Warning:** within a group, runs differ in more than the seed, so the CI mixes "
+                  f"configurations: {', '.join(f'`{m}`' for m in mixed)}. Filter with `--sweep`/`--tag` "
+                  "or add the columns to `--by`.", ""]
+    return lines
+
+
+def _paired_lines(paired: pd.DataFrame | None) -> list[str]:
+    """The paired comparison A - B (none when it was not asked for)."""
+    if paired is None or paired.empty:
+        return []
+    cols = ["metric", "n_pairs", "mean_a", "mean_b", "mean_diff", "boot_lo", "boot_hi", "welch_p"]
+    return ["## Paired comparison", "",
+            f"A = `{paired['a'].iloc[0]}`, B = `{paired['b'].iloc[0]}`; differences A - B "
+            f"paired on `{paired['pair_on'].iloc[0] or '(nothing)'}`; 95% percentile bootstrap CI "
+            "of the mean paired difference; Welch's t-test on the unpaired runs (secondary).", "",
+            markdown_table(paired[cols])]
+
+
+def _provenance_lines(runs: pd.DataFrame) -> list[str]:
+    """Whether the runs compared share what produced them (versions, machine, commit, data, weights)."""
+    lines = ["## Provenance", ""]
+    prov = provenance_differences(runs)
+    if not any(c.startswith("params.provenance.") for c in runs.columns):
+        return lines + ["_The runs record no provenance (they predate its logging)._", ""]
+    if prov.empty:
+        return lines + ["Every run compared has the same package versions, machine, commit, tree state, data "
+                        "and initial-weight digests.", ""]
+    return lines + ["The runs compared differ in what produced them (value: runs):", "", markdown_table(prov), ""]
+
+
+def _runs_lines(coll: Collection, per_run: pd.DataFrame) -> list[str]:
+    """The runs used, then the runs skipped."""
+    lines = ["## Runs", ""]
+    lines.append(markdown_table(_runs_table(per_run)) if not per_run.empty else "_No runs._\n")
+    if len(coll.skipped):
+        lines += ["### Skipped runs", ""]
+        skipped = coll.skipped.copy()
+        skipped["run_id"] = skipped["run_id"].astype(str).str[:8]
+        lines.append(markdown_table(skipped))
+    return lines
+
+
+def _figure_lines(out: Path, plots: dict[str, Path]) -> list[str]:
+    """The figures drawn, linked relative to ``out``, and the ones skipped for want of data."""
+    lines = ["## Figures", ""]
+    for name in PLOT_FILES:
+        if name in plots:
+            rel = Path(plots[name]).resolve().relative_to(out.resolve()).as_posix()
+            lines += [f"### {name[:-4].replace('_', ' ')}", "", f"![{name[:-4]}]({rel})", ""]
+    missing = [n for n in PLOT_FILES if n not in plots]
+    if missing:
+        lines += ["Skipped (no data): " + ", ".join(f"`{m}`" for m in missing), ""]
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -332,6 +332,8 @@ def test_pass_at_k():
     assert pass_at_k(4, 1, 4) == pytest.approx(1.0)
     assert pass_at_k(4, 0, 2) == 0.0
     assert pass_at_k(10, 3, 5) == pytest.approx(1 - 21 / 252)  # 1 - C(7,5)/C(10,5)
+    assert pass_at_k(5, 2, 2) == pytest.approx(1 - 3 / 10)  # 1 - C(3,2)/C(5,2)
+    assert pass_at_k(5, 5, 3) == 1.0 and pass_at_k(4, 4, 2) == 1.0
     for bad in [(4, 1, 5), (4, 5, 1), (0, 0, 1), (4, 1, 0), (4, -1, 1), (4.0, 1, 1)]:
         with pytest.raises(ValueError):
             pass_at_k(*bad)

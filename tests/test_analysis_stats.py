@@ -7,38 +7,12 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from analysis.compare import (
-    mean_pass_at_k,
-    paired_bootstrap_ci,
-    paired_compare,
-    parse_variant,
-    pass_at_k,
-    per_run_metrics,
-    reward_auc,
-    summarize,
-    t_ci,
-    welch_p,
-)
+from analysis.compare import paired_compare, parse_variant, per_run_metrics, reward_auc, summarize
 from analysis.mdtable import markdown_table
+from analysis.stats import paired_bootstrap_ci, t_ci, welch_p
 
 T975_DF1 = 12.706204736174707  # t quantile 0.975, 1 degree of freedom
 T975_DF3 = 3.182446305284263
-
-
-@pytest.mark.parametrize("k,expected", [(1, 0.25), (2, 0.5), (4, 1.0)])
-def test_pass_at_k_n4_c1(k, expected):
-    assert pass_at_k(4, 1, k) == pytest.approx(expected)
-
-
-def test_pass_at_k_edge_cases_and_arrays():
-    assert pass_at_k(4, 0, 2) == 0.0
-    assert pass_at_k(5, 5, 3) == 1.0
-    # 1 - C(3,2)/C(5,2) = 1 - 3/10
-    assert pass_at_k(5, 2, 2) == pytest.approx(0.7)
-    np.testing.assert_allclose(pass_at_k([4, 4, 4], [0, 1, 4], 2), [0.0, 0.5, 1.0])
-    assert mean_pass_at_k([4, 4], [1, 0], 1) == pytest.approx(0.125)
-    with pytest.raises(ValueError):
-        pass_at_k(4, 1, 5)
 
 
 def test_t_ci_hand_values():

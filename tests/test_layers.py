@@ -1,4 +1,6 @@
-"""harness/'s import graph: no cycle between modules, and no arrow back up between layers.
+"""harness/'s import graph: no cycle between modules, and no arrow back up between layers;
+analysis/'s: no cycle, its statistics (``analysis.stats``) import nothing else of the repository,
+and harness/ never imports analysis/.
 
 The graph is read from the source (``ast``: every ``import`` and ``from ... import``, the lazy
 ones inside functions included), so the test imports nothing heavy. The layers, bottom first,
@@ -12,6 +14,7 @@ import ast
 from pathlib import Path
 
 HARNESS = Path(__file__).resolve().parents[1] / "harness"
+ANALYSIS = HARNESS.parent / "analysis"
 
 LAYERS = (
     ("errors", "registry", "progress"),  # imported from every layer; import nothing of the harness
@@ -29,19 +32,20 @@ LAYERS = (
 MAX_TOP_LEVEL_MODULES = 8
 
 
-def modules() -> dict[str, Path]:
-    """``{dotted name: file}`` of every module of the package (a package by its ``__init__``)."""
+def modules(root: Path = HARNESS) -> dict[str, Path]:
+    """``{dotted name: file}`` of every module of the package at ``root`` (a package by its ``__init__``)."""
     out = {}
-    for f in sorted(HARNESS.rglob("*.py")):
-        parts = list(f.relative_to(HARNESS.parent).with_suffix("").parts)
+    for f in sorted(root.rglob("*.py")):
+        parts = list(f.relative_to(root.parent).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts.pop()
         out[".".join(parts)] = f
     return out
 
 
-def imports(name: str, path: Path, known: set[str]) -> set[str]:
-    """The harness modules ``name`` imports (``from pkg import mod`` counts ``pkg.mod``, not ``pkg``)."""
+def imports(name: str, path: Path, known: set[str] | None = None) -> set[str]:
+    """The modules of ``known`` that ``name`` imports (``from pkg import mod`` counts ``pkg.mod``, not
+    ``pkg``); with ``known`` None every module named, absolute, whatever its package."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
@@ -52,15 +56,16 @@ def imports(name: str, path: Path, known: set[str]) -> set[str]:
             if node.level:
                 up = package.split(".")[: len(package.split(".")) - (node.level - 1)]
                 base = ".".join(up + ([base] if base else []))
-            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+            targets = [f"{base}.{a.name}" if known is not None and f"{base}.{a.name}" in known else base
+                       for a in node.names]
         else:
             continue
-        found |= {t for t in targets if t in known and t != name}
+        found |= {t for t in targets if (known is None or t in known) and t != name}
     return found
 
 
-def graph() -> dict[str, set[str]]:
-    mods = modules()
+def graph(root: Path = HARNESS) -> dict[str, set[str]]:
+    mods = modules(root)
     return {name: imports(name, path, set(mods)) for name, path in mods.items()}
 
 
@@ -128,3 +133,32 @@ def test_the_checks_find_a_cycle_and_an_arrow_up():
     g["harness.model.kv"] = g["harness.model.kv"] | {"harness.train.update"}  # train/update imports model/kv
     assert arrows_up(g) == ["harness.model.kv -> harness.train.update"]
     assert cycle(g)[0] in ("harness.model.kv", "harness.train.update")
+
+
+def test_analysis_has_no_import_cycle():
+    g = graph(ANALYSIS)
+    assert "analysis.study.verdicts" in g["analysis.study.launch"]  # the real arrows are read
+    assert cycle(g) is None
+
+
+def test_analysis_stats_imports_nothing_else_of_the_repository():
+    """The statistics every report decides with stand alone: no MLflow store, no harness, no report."""
+    stats = {name: path for name, path in modules(ANALYSIS).items() if name.startswith("analysis.stats")}
+    assert "analysis.stats.paired" in imports("analysis.stats.boundaries", stats["analysis.stats.boundaries"])
+    outside = {f"{name} -> {m}" for name, path in stats.items() for m in imports(name, path)
+               if m.split(".")[0] in ("analysis", "harness", "mlflow") and not m.startswith("analysis.stats")}
+    assert outside == set()
+
+
+def test_harness_never_imports_analysis():
+    """analysis/ reads what harness/ writes (and imports harness.launch.tracking to do so); never the
+    reverse."""
+    back = {f"{name} -> {m}" for name, path in modules().items() for m in imports(name, path)
+            if m.split(".")[0] == "analysis"}
+    assert back == set()
+
+
+def test_analysis_imports_of_harness_are_the_tracking_module_only():
+    """What analysis/__init__.py says: it reads runs through harness.launch.tracking, nothing else."""
+    into = {m for name, path in modules(ANALYSIS).items() for m in imports(name, path) if m.split(".")[0] == "harness"}
+    assert into == {"harness.launch.tracking"}

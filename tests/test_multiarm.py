@@ -1,4 +1,4 @@
-"""analysis.multiarm: several arms against one control in one study (``comparisons``), each decided
+"""analysis.stats.family: several arms against one control in one study (``comparisons``), each decided
 at the Bonferroni level alpha / m; the family-wise rate of a false "reproduced" by simulation."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from analysis import multiarm, seedtest, study
+from analysis import study
+from analysis.stats import REPRODUCED, comparison_levels, family_verdicts, sub_spec
 from tests.test_study import _spec, _store, in_tmp, launched  # noqa: F401 (fixtures)
 
 ARMS = {"A": ["train.lr=1e-7"], "B": ["train.lr=1e-5"], "C": ["train.lr=2e-5"]}
@@ -87,12 +88,12 @@ def test_null_family_wise_false_reproduced_rate_is_at_most_alpha(kind, theta, bo
             else {"kind": "equivalence", "margin": 0.05, "alpha": alpha})
     looks = [4, 6, 8, 10, 12] if boundary else [12]
     x = _grid_null(rng, S, m, looks[-1], theta)
-    fam = multiarm.family_verdicts(x, test, looks, multiarm.comparison_levels(test, m, looks, boundary))
-    rate = (fam["verdict"] == seedtest.REPRODUCED).any(axis=1).mean()
+    fam = family_verdicts(x, test, looks, comparison_levels(test, m, looks, boundary))
+    rate = (fam["verdict"] == REPRODUCED).any(axis=1).mean()
     se = math.sqrt(alpha * (1 - alpha) / S)
     assert rate <= alpha + 3 * se, rate
-    raw = multiarm.family_verdicts(x, test, looks, multiarm.comparison_levels(test, 1, looks, boundary))
-    raw_rate = (raw["verdict"] == seedtest.REPRODUCED).any(axis=1).mean()
+    raw = family_verdicts(x, test, looks, comparison_levels(test, 1, looks, boundary))
+    raw_rate = (raw["verdict"] == REPRODUCED).any(axis=1).mean()
     assert raw_rate > alpha + 3 * se, raw_rate
     print(f"{kind} {boundary}: family false reproduced {rate:.4f} (uncorrected {raw_rate:.4f}), "
           f"mean seeds {fam['seeds_used'].mean():.2f}")
@@ -101,10 +102,10 @@ def test_null_family_wise_false_reproduced_rate_is_at_most_alpha(kind, theta, bo
 def test_sub_spec_splits_alpha_and_keeps_the_store():
     spec = {"name": "g", "control": "A", "comparisons": ["B", "C", "D"], "arms": {}, "test": {"kind": "equivalence",
                                                                                             "margin": 0.05, "alpha": 0.05}}
-    sub = multiarm.sub_spec(spec, "C")
+    sub = sub_spec(spec, "C")
     assert sub["treatment"] == "C" and sub["name"] == "g" and "comparisons" not in sub
     assert sub["test"]["alpha"] == 0.05 / 3 and spec["test"]["alpha"] == 0.05
-    assert multiarm.comparison_levels(spec["test"], 3, [10]) == [pytest.approx(2 * 0.05 / 3, abs=1e-16)]
+    assert comparison_levels(spec["test"], 3, [10]) == [pytest.approx(2 * 0.05 / 3, abs=1e-16)]
 
 
 def test_a_sequential_family_runs_only_the_control_and_the_undecided_arms(in_tmp, launched):  # noqa: F811
@@ -136,7 +137,7 @@ def test_a_resumed_family_labels_an_arm_with_the_look_that_decided_it(in_tmp, la
     runs += [("C", s, r, None, "FINISHED") for s, r in zip(range(5), (30, 32, 28, 30, 30))]
     root = _store(in_tmp, "s", runs)
     spec = study.load_study(path)
-    b = study.analyse(multiarm.sub_spec(spec, "B"), study.load_records(spec, root))
+    b = study.analyse(sub_spec(spec, "B"), study.load_records(spec, root))
     assert [(r["seeds"], r["decision"]) for r in b["looks"]] == [(3, "inconclusive"), (5, "reproduced")]
     logs = []
     study.run_study(spec, root, log=logs.append)
@@ -156,11 +157,11 @@ def test_a_comparison_counts_its_own_two_arms_runs_not_the_familys(in_tmp):
     root = _store(in_tmp, "s", runs)
     spec = study.load_study(path)
     records = study.load_records(spec, root)
-    c = study.analyse(multiarm.sub_spec(spec, "C"), records)
-    b = study.analyse(multiarm.sub_spec(spec, "B"), records)
+    c = study.analyse(sub_spec(spec, "C"), records)
+    b = study.analyse(sub_spec(spec, "B"), records)
     assert (c["runs_finished"], c["runs_registered"], c["seeds_used"]) == (10, 10, 5)
     assert (b["verdict"], b["runs_finished"], b["runs_registered"], b["seeds_used"]) == ("reproduced", 8, 6, 3)
-    assert "registered runs finished" not in study.verdict_text(multiarm.sub_spec(spec, "C"), c)
+    assert "registered runs finished" not in study.verdict_text(sub_spec(spec, "C"), c)
 
 
 def test_readme_table_opens_with_a_family_row_then_each_arm_and_leaves_pilots_to_studies_md(in_tmp):

@@ -1,4 +1,4 @@
-"""analysis.seedtest: the exact power of the deciding test against simulations and the issue-45
+"""analysis.stats (paired, boundaries): the exact power of the deciding test against simulations and the issue-45
 figures, the z spending boundaries against a z-test simulation and the t boundaries against a t
 simulation (small; tests/test_sequential_levels.py holds the large one), and the verdict rule's error rates
 (fixed and sequential designs) over simulated paired studies (analysis.synthetic.paired_studies:
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from analysis import seedtest as st
+from analysis import stats as st
 from analysis.synthetic import paired_studies
 
 ALPHA = 0.05
@@ -180,3 +180,10 @@ def test_sequential_power_and_seeds_used(design, boundary, capsys):
     assert seq["seeds_used"].mean() < looks[-1]
     with capsys.disabled():
         print(f"\n[{boundary} {looks}] power {p_seq:.3f} vs fixed {p_fix:.3f}, mean seeds {seq['seeds_used'].mean():.2f}")
+
+
+def test_power_at_no_spread_is_the_limit():
+    """Seeds that all gave one effect: every difference is detected (the t statistic is infinite)."""
+    assert st.t_power(0.0, 0.05, 2) == 1.0 and math.isnan(st.t_power(0.0, 0.0, 3))
+    assert st.min_detectable(0.0, 3) == 0.0
+    assert st.seeds_for_power({"kind": "difference", "delta": 0.05, "alpha": 0.05}, 0.0) == 2

@@ -1,13 +1,13 @@
 """The sequential boundaries hold their level for the statistic that decides, the paired t with
 seeds - 1 df, at 3-12 seeds: null simulations of 200,000-400,000 studies a case through
-:func:`analysis.seedtest.sequential` (and :func:`analysis.multiarm.family_verdicts` for the grid's
-7-comparison family), drawn with seeds independent of the boundaries' own (``seedtest.T_SEED``).
+:func:`analysis.stats.sequential` (and :func:`analysis.stats.family_verdicts` for the grid's
+7-comparison family), drawn with seeds independent of the boundaries' own (``analysis.stats.T_SEED``).
 
 Each boundary's rate of a false verdict (either tail: the total it spends) must lie within 2
 Monte-Carlo errors of its nominal rate, and each tail (false "reproduced", false "contradicted")
 within :data:`TAIL_ERRORS`. The error counts both simulations: this one's binomial error and the
-boundary's own, from the ``seedtest.T_STUDIES`` null studies it was derived from. The z levels of
-the same spending (:func:`analysis.seedtest.z_nominal_levels`), applied to the same draws, must fail
+boundary's own, from the ``analysis.stats.T_STUDIES`` null studies it was derived from. The z levels of
+the same spending (:func:`analysis.stats.z_nominal_levels`), applied to the same draws, must fail
 the check, so the check can see the defect they have. Printed figures: docs/studies.md.
 """
 
@@ -18,14 +18,14 @@ import math
 import numpy as np
 import pytest
 
-from analysis import multiarm
-from analysis import seedtest as st
+from analysis import stats as st
+from analysis.stats import boundaries
 
 pytestmark = pytest.mark.slow
 
 ALPHA = 0.05
 DESIGNS = [(4, 2, 12), (3, 2, 12)]  # looks 4-6-8-10-12 and 3-5-7-9-11-12
-# the two-sided totals as the studies compute them (analysis.study.design_looks, multiarm.comparison_levels)
+# the two-sided totals as the studies compute them (analysis.study.design_looks, st.comparison_levels)
 DIFF_TOTAL = 1 - st.interval_level("difference", ALPHA)
 TOST_TOTAL = 1 - st.interval_level("equivalence", ALPHA)
 # 14 tails are checked: at 2 errors each the file would fail by chance about half the time with
@@ -123,7 +123,7 @@ def test_one_comparison_of_the_grid_family_at_alpha_over_7(design, capsys):
     n, m = 200_000, 7
     test = {"kind": "equivalence", "margin": 0.05, "alpha": ALPHA}
     looks = st.look_sizes(*design)
-    lt = multiarm.comparison_levels(test, m, looks, "obrien_fleming")
+    lt = st.comparison_levels(test, m, looks, "obrien_fleming")
     t_total = 1 - st.interval_level("equivalence", ALPHA / m)
     lz = st.z_nominal_levels("obrien_fleming", looks, t_total)
     rng = np.random.default_rng(SEEDS["family"] + looks[0])
@@ -133,7 +133,7 @@ def test_one_comparison_of_the_grid_family_at_alpha_over_7(design, capsys):
     del arms
     out = []
     for lv in (lt, lz):
-        v = multiarm.family_verdicts(x, test, looks, lv)["verdict"]  # [studies, m]
+        v = st.family_verdicts(x, test, looks, lv)["verdict"]  # [studies, m]
         per_study = [(v == code).mean(axis=1) for code in (st.REPRODUCED, st.CONTRADICTED)]
         per_study.append(per_study[0] + per_study[1])
         out.append(([float(p.mean()) for p in per_study], [float(p.std(ddof=1) / math.sqrt(n)) for p in per_study],
@@ -145,9 +145,9 @@ def test_one_comparison_of_the_grid_family_at_alpha_over_7(design, capsys):
 
 
 def test_the_committed_table_is_the_derivation():
-    """analysis/t_boundaries.json holds what :func:`analysis.seedtest.derive_t_levels` computes
+    """analysis/stats/t_boundaries.json holds what :func:`analysis.stats.derive_t_levels` computes
     (the same studies, seed and, when numpy's version is the table's, the same numbers)."""
-    table = st._t_table()
+    table = boundaries._t_table()
     assert (table["studies"], table["seed"]) == (st.T_STUDIES, st.T_SEED)
     key = st.design_key("obrien_fleming", (3, 5, 7, 9), 0.05)
     fresh = st.derive_t_levels("obrien_fleming", (3, 5, 7, 9), 0.05)

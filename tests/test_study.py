@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import yaml
 
-from analysis import ablation, seedtest, study
+from analysis import stats, study
+from analysis.study import launch
 
 EVAL_STEPS = (0, 4)
 
@@ -111,10 +112,11 @@ def test_reproduced_store(in_tmp):
     assert res["bootstrap"]["verdict"] == "reproduced"  # the secondary interval, beside it
     p = res["power"]  # sd of (0.40, 0.42, 0.38) = 0.02
     assert p["sd"] == pytest.approx(0.02) and p["seeds"] == 3
-    assert seedtest.t_power(0.02, p["mde"], 3) == pytest.approx(0.8, abs=1e-9)  # exact, not t quantiles
-    assert p["mde"] > ablation.min_detectable(0.02, 3)  # the approximation claimed too small an effect
+    assert stats.t_power(0.02, p["mde"], 3) == pytest.approx(0.8, abs=1e-9)  # exact, not t quantiles
+    # the t-quantile approximation (t_0.975,2 + t_0.8,2) sd / sqrt(n) claims too small an effect
+    assert p["mde"] > (4.302652729911275 + 1.0606601717798214) * 0.02 / math.sqrt(3)
     assert p["seeds_needed"] == 3  # 2 seeds (1 df): power 0.42 at 0.1; 3 seeds: 0.975
-    assert seedtest.t_power(0.02, 0.1, 2) == pytest.approx(0.42096, abs=1e-5)
+    assert stats.t_power(0.02, 0.1, 2) == pytest.approx(0.42096, abs=1e-5)
     # paired t with 2 df at a true difference of 0.1 = 8.66 standard errors: P(T_nc > t_0.975,2 = 4.30)
     assert p["power"] == pytest.approx(0.9755, abs=1e-3)
     text = (root / "studies" / "s.md").read_text()
@@ -155,7 +157,7 @@ def test_inconclusive_store_names_the_seeds_needed(in_tmp):
     assert res["verdict"] == "inconclusive" and res["effect"] == pytest.approx(0.0, abs=1e-12)
     assert res["lo"] < 0 < res["hi"]
     assert res["power"]["seeds_needed"] == 3  # the 3 seeds run suffice for 10 (exact noncentral t)
-    assert seedtest.t_power(0.02, 0.1, 2) < 0.8 <= seedtest.t_power(0.02, 0.1, 3)
+    assert stats.t_power(0.02, 0.1, 2) < 0.8 <= stats.t_power(0.02, 0.1, 3)
     assert "the effect is smaller than that" in res["verdict_text"]
     assert "inconclusive: the seeds run had" in (root / "studies" / "s.md").read_text()
     # a spread too wide for the seeds run: the report names the seeds a conclusive answer needs
@@ -235,8 +237,8 @@ def launched(monkeypatch):
         def poll(self):
             return 0
 
-    monkeypatch.setattr(study, "_launch", FakePopen)
-    monkeypatch.setattr(study.time, "sleep", lambda s: None)
+    monkeypatch.setattr(launch, "_launch", FakePopen)
+    monkeypatch.setattr(launch.time, "sleep", lambda s: None)
     return cmds
 
 
@@ -326,10 +328,10 @@ def test_index_lists_every_study_file_with_its_verdict_or_not_run(in_tmp):
 
 def test_power_analysis_is_the_exact_power_of_the_deciding_test():
     # 2 seeds, sd 0.1, margin 0.1: the large-sample formula 2 T(m/se - t) - 1 gave 0 here; the exact
-    # TOST power is positive (tests/test_seedtest.py checks tost_power against a simulation)
+    # TOST power is positive (tests/test_stats.py checks tost_power against a simulation)
     p = study.power_analysis({"kind": "equivalence", "margin": 0.1, "alpha": 0.05}, 0.1, 2)
-    assert p["power"] == pytest.approx(seedtest.tost_power(0.1, 0.1, 2)) and 0.05 < p["power"] < 0.15
-    assert seedtest.tost_power(0.1, 0.1, p["seeds_needed"] - 1) < 0.8 <= seedtest.tost_power(0.1, 0.1, p["seeds_needed"])
+    assert p["power"] == pytest.approx(stats.tost_power(0.1, 0.1, 2)) and 0.05 < p["power"] < 0.15
+    assert stats.tost_power(0.1, 0.1, p["seeds_needed"] - 1) < 0.8 <= stats.tost_power(0.1, 0.1, p["seeds_needed"])
     assert p["sd_lo"] < 0.1 < p["sd_hi"] and p["seeds_needed_lo"] <= p["seeds_needed"] <= p["seeds_needed_hi"]
     assert math.isnan(study.power_analysis({"kind": "difference", "delta": 0.1}, math.nan, 1)["sd"])
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from analysis import study
-from analysis.study_precision import arm_precisions, check_native_bf16, precision_line
+from analysis.study.precision import arm_precisions, check_native_bf16, precision_line
 from harness.runtime.provenance import cpu_bf16_flags
 from test_study import _spec, in_tmp, launched  # noqa: F401 (fixtures)
 
@@ -42,12 +42,12 @@ def test_a_bf16_study_is_refused_on_a_cpu_without_native_bf16(in_tmp):
 
 
 def test_run_missing_refuses_before_launching_anything(in_tmp, launched, monkeypatch):  # noqa: F811
-    monkeypatch.setattr("analysis.study_precision.cpu_bf16_flags", lambda: [])
+    monkeypatch.setattr("analysis.study.precision.cpu_bf16_flags", lambda: [])
     spec = _bf16(in_tmp)
     with pytest.raises(study.StudyError, match="native bf16"):
         study.run_missing(spec, in_tmp / "results", log=lambda m: None)
     assert launched == []
-    monkeypatch.setattr("analysis.study_precision.cpu_bf16_flags", lambda: ["avx512_bf16"])
+    monkeypatch.setattr("analysis.study.precision.cpu_bf16_flags", lambda: ["avx512_bf16"])
     assert study.run_missing(spec, in_tmp / "results", log=lambda m: None) == {"A": [0, 1, 2], "B": [0, 1, 2]}
     assert len(launched) == 2
 

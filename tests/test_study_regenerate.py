@@ -7,7 +7,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from analysis import seedtest, study
+from analysis import stats, study
+from analysis.stats import boundaries
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -38,9 +39,9 @@ def test_committed_reports_regenerate_without_a_diff(tmp_path, monkeypatch):
 
 
 def test_every_sequential_study_reads_its_t_boundaries_from_the_committed_table():
-    """A report's nominal levels come from analysis/t_boundaries.json, so that regenerating it does not
+    """A report's nominal levels come from analysis/stats/t_boundaries.json, so that regenerating it does not
     depend on numpy's normal stream (a design missing there is derived at report time)."""
-    table = seedtest._t_table()["designs"]
-    missing = [seedtest.design_key(*d) for f in sorted((REPO / "studies").glob("*.yaml"))
-               for d in study.t_table_designs(study.load_study(f)) if seedtest.design_key(*d) not in table]
+    table = boundaries._t_table()["designs"]
+    missing = [stats.design_key(*d) for f in sorted((REPO / "studies").glob("*.yaml"))
+               for d in study.t_table_designs(study.load_study(f)) if stats.design_key(*d) not in table]
     assert missing == [], f"python -m analysis.study --t-table studies/*.yaml (missing: {missing})"

@@ -7,7 +7,9 @@ from __future__ import annotations
 import pytest
 from scipy import stats
 
-from analysis import seedtest, study
+from analysis import study
+from analysis.stats import nominal_levels, z_nominal_levels
+from analysis.study import spec as study_spec
 from tests.test_study import _spec, _store, in_tmp, launched  # noqa: F401 (fixtures)
 
 SEQ = {"first": 3, "add": 2, "max_seeds": 5, "boundary": "obrien_fleming"}
@@ -59,7 +61,7 @@ def test_a_decided_first_look_stops_the_study(in_tmp, launched):
     text = (root / "studies" / "s.md").read_text()
     assert "**Verdict: reproduced.**" in text  # 6 runs: all that the look it stopped at registers
     assert f"| 1 | 3 | {a1:.4g} | +40 [+{100 * (0.4 - half):.3g}, +{100 * (0.4 + half):.3g}] | reproduced |" in text
-    levels = seedtest.nominal_levels("obrien_fleming", [3, 5], 0.05)  # the last look spends the rest
+    levels = nominal_levels("obrien_fleming", [3, 5], 0.05)  # the last look spends the rest
     assert f"| 2 | 5 | {levels[1]:.4g} | - | not reached |" in text and 0.04 < levels[1] < 0.05
 
 
@@ -102,7 +104,7 @@ def test_inconclusive_at_max_seeds_says_what_the_seeds_exclude(in_tmp):
     res = study.report(spec, _seq_spec(in_tmp), root, machine="test box")
     assert [r["seeds"] for r in res["looks"]] == [3, 5] and res["verdict"] == "inconclusive"
     # look 2: effects -2, 0, 2, 4, -4 points, mean 0, sd sqrt(10) points, at the last look's nominal alpha
-    a2 = seedtest.nominal_levels("obrien_fleming", [3, 5], 0.05)[1]
+    a2 = nominal_levels("obrien_fleming", [3, 5], 0.05)[1]
     half = stats.t.ppf(1 - a2 / 2, 4) * 0.1 ** 0.5 / 10 / 5 ** 0.5
     assert (res["lo"], res["hi"]) == (pytest.approx(-half, abs=1e-10), pytest.approx(half, abs=1e-10))
     assert study.verdict_text(spec, res).endswith(
@@ -120,9 +122,10 @@ def test_a_verdict_the_t_boundaries_change_names_the_z_verdict_beside_it(in_tmp,
     res = study.report(spec, _seq_spec(in_tmp), root, machine="test box")  # runs started today: no note
     assert res["verdict"] == "inconclusive" and res["z_boundaries"]["verdict"] == "reproduced"
     assert "verdict_before_t" not in res and "re-issued" not in res["verdict_text"]
-    monkeypatch.setattr(study, "T_BOUNDARIES_SINCE", "9999")  # the same runs, as if issued under the z boundaries
+    # the same runs, as if issued under the z boundaries
+    monkeypatch.setitem(study_spec.RULE_CHANGES, "t_boundaries", {"since": "9999"})
     res = study.report(spec, _seq_spec(in_tmp), root, machine="test box")
-    a2 = seedtest.z_nominal_levels("obrien_fleming", [3, 5], 0.05)[1]
+    a2 = z_nominal_levels("obrien_fleming", [3, 5], 0.05)[1]
     d = [-0.02, 0.06, 0.08, 0.08, 0.08]
     mean, sd = sum(d) / 5, stats.tstd(d)
     half = stats.t.ppf(1 - a2 / 2, 4) * sd / 5 ** 0.5

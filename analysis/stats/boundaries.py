@@ -1,25 +1,9 @@
-"""The study verdict's statistics: a test over per-seed paired effects, its exact power, and
-group-sequential boundaries. Pure numpy / scipy, vectorised over simulated studies.
+"""Group-sequential boundaries of the paired t, and the sequential rule over simulated studies.
 
-The seed is the unit. Each seed's paired effect (treatment minus control, averaged over the eval
-problems or the window's steps first) is one observation; with ``n`` seeds the test has ``n - 1``
-degrees of freedom:
-
-* **difference**: the paired t interval ``mean +- t_{1 - a/2, n-1} sd / sqrt(n)`` at level
-  ``1 - a``; ``reproduced`` when it lies on the predicted side of 0, ``contradicted`` when on the
-  other side (a two-sided test: each false verdict has rate ``a / 2``);
-* **equivalence** (TOST, Schuirmann 1987): the ``1 - 2a`` paired t interval; ``reproduced`` when
-  it lies inside ``(-margin, margin)``, ``contradicted`` when it lies entirely outside.
-
-Power is computed for that test, exactly:
-
-* paired t: the noncentral t, ``P(|T'| > t_{1-a/2, n-1})``, ``T' ~ t_{n-1}(delta sqrt(n) / sd)``;
-* TOST: the integral over the sample sd ``s`` (``(n-1) s^2 / sd^2 ~ chi^2_{n-1}``) of
-  ``P(|mean - theta'| < margin - t_{1-a, n-1} s / sqrt(n))`` with ``mean ~ N(theta, sd^2 / n)``
-  (Phillips 1990, J. Pharmacokin. Biopharm. 18:137; ``scipy.integrate.quad``).
-
-Sequential boundaries (:func:`nominal_levels`) are Lan-DeMets alpha-spending functions (Lan and
-DeMets 1983, Biometrika 70:659) on the information fraction ``t_k = n_k / n_max``:
+A sequential study looks at its first seeds, then adds seeds per look until the rule of
+:mod:`analysis.stats.paired` decides at the look's nominal level. The boundaries
+(:func:`nominal_levels`) are Lan-DeMets alpha-spending functions (Lan and DeMets 1983,
+Biometrika 70:659) on the information fraction ``t_k = n_k / n_max``:
 
 * ``obrien_fleming``: ``alpha(t) = 2 - 2 Phi(z_{1 - alpha/2} / sqrt(t))``;
 * ``pocock``: ``alpha(t) = alpha ln(1 + (e - 1) t)``;
@@ -56,14 +40,11 @@ import math
 from pathlib import Path
 
 import numpy as np
-from scipy import integrate, optimize, stats
+from scipy import optimize, stats
 
-# verdict codes of the vectorised functions
-INCONCLUSIVE, REPRODUCED, CONTRADICTED = 0, 1, 2
-VERDICT_NAMES = {INCONCLUSIVE: "inconclusive", REPRODUCED: "reproduced", CONTRADICTED: "contradicted"}
+from analysis.stats.paired import INCONCLUSIVE, decide, t_interval
+
 BOUNDARIES = ("obrien_fleming", "pocock", "bonferroni")
-MIN_SEEDS = 3  # a new registration needs at least this many seeds per arm
-POWER_TARGET = 0.8
 # the t boundaries' simulation (nominal_levels): null studies per design and its seed (the checks use others)
 T_STUDIES = 10_000_000
 T_SEED = 20_261_206
@@ -72,131 +53,6 @@ T_SEED = 20_261_206
 T_TABLE = Path(__file__).with_name("t_boundaries.json")
 
 
-# ----------------------------------------------------------------------------------- the test
-def interval_level(kind: str, alpha: float) -> float:
-    """The two-sided level of the interval that decides: ``1 - alpha`` (difference), ``1 - 2 alpha``
-    (equivalence, TOST)."""
-    return 1 - 2 * alpha if kind == "equivalence" else 1 - alpha
-
-
-def t_interval(per_seed, level) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(mean, lo, hi)`` of the paired t interval over the last axis of ``per_seed``.
-
-    Args:
-        per_seed: ``[..., n]`` per-seed paired effects.
-        level: two-sided level(s), broadcast against the leading axes ``[...]``.
-
-    Returns:
-        three arrays ``[...]``; ``lo`` and ``hi`` are nan when ``n < 2``. A zero sd gives the point
-        ``[mean, mean]`` (the t statistic is infinite unless the mean is 0).
-    """
-    x = np.asarray(per_seed, dtype=float)
-    n = x.shape[-1]
-    mean = x.mean(axis=-1)
-    if n < 2:
-        nan = np.full(mean.shape, np.nan)
-        return mean, nan, nan
-    sd = x.std(axis=-1, ddof=1)
-    half = stats.t.ppf(1 - (1 - np.asarray(level, dtype=float)) / 2, n - 1) * sd / math.sqrt(n)
-    return mean, mean - half, mean + half
-
-
-def decide(test: dict, lo, hi) -> np.ndarray:
-    """Verdict codes (``INCONCLUSIVE`` / ``REPRODUCED`` / ``CONTRADICTED``) of intervals ``[lo, hi]``
-    (arrays of one shape) under the rule of the module docstring; nan bounds: inconclusive."""
-    lo, hi = np.asarray(lo, dtype=float), np.asarray(hi, dtype=float)
-    out = np.full(np.broadcast(lo, hi).shape, INCONCLUSIVE)
-    ok = ~(np.isnan(lo) | np.isnan(hi))
-    if test["kind"] == "difference":
-        s = test["sign"]
-        out[ok & (s * lo > 0) & (s * hi > 0)] = REPRODUCED
-        out[ok & (s * lo < 0) & (s * hi < 0)] = CONTRADICTED
-    else:
-        m = test["margin"]
-        out[ok & (-m < lo) & (hi < m)] = REPRODUCED
-        out[ok & ((lo >= m) | (hi <= -m))] = CONTRADICTED
-    return out
-
-
-# ----------------------------------------------------------------------------------- power
-def t_power(sd: float, delta: float, n: int, alpha: float = 0.05) -> float:
-    """Power of the two-sided paired t-test over ``n`` seeds at level ``alpha`` when the per-seed
-    effects are N(``delta``, ``sd``^2) (noncentral t, exact)."""
-    df, crit = n - 1, stats.t.ppf(1 - alpha / 2, n - 1)
-    nc = delta / (sd / math.sqrt(n))
-    lower = float(np.nan_to_num(stats.nct.cdf(-crit, df, nc)))  # scipy gives nan for a negligible tail
-    return float(stats.nct.sf(crit, df, nc)) + lower
-
-
-def tost_power(sd: float, margin: float, n: int, alpha: float = 0.05, theta: float = 0.0) -> float:
-    """Exact power of TOST (both one-sided paired t-tests at ``alpha``) with ``n`` seeds to show
-    ``|effect| < margin`` when the per-seed effects are N(``theta``, ``sd``^2): the integral over the
-    sample sd of the module docstring (Phillips 1990). 0 when ``n < 2``."""
-    if n < 2 or not sd > 0:
-        return 0.0
-    df, tc, rn = n - 1, stats.t.ppf(1 - alpha, n - 1), math.sqrt(n)
-    se = sd / rn
-    u_max = margin * rn / (tc * sd)  # s / sd beyond which the TOST region is empty
-
-    def inner(u):  # u = s / sd; density of u: chi_df scaled by 1/sqrt(df)
-        w = margin - tc * u * sd / rn
-        p = stats.norm.cdf((w - theta) / se) - stats.norm.cdf((-w - theta) / se)
-        return p * stats.chi.pdf(u * math.sqrt(df), df) * math.sqrt(df)
-
-    # the chi density's bulk (quad could step over a narrow peak at large n)
-    a = stats.chi.ppf(1e-14, df) / math.sqrt(df)
-    b = min(u_max, stats.chi.isf(1e-14, df) / math.sqrt(df))
-    if b <= a:
-        return 0.0
-    val, _ = integrate.quad(inner, a, b, limit=200, epsabs=1e-12, epsrel=1e-10)
-    return float(min(1.0, max(0.0, val)))
-
-
-def deciding_power(test: dict, sd: float, n: int) -> float:
-    """Power of the study's deciding test with ``n`` seeds at spread ``sd``: paired t for ``delta``
-    (difference), TOST at a true effect of 0 (equivalence)."""
-    alpha = test.get("alpha", 0.05)
-    if test["kind"] == "difference":
-        return t_power(sd, test["delta"], n, alpha)
-    return tost_power(sd, test["margin"], n, alpha)
-
-
-def seeds_for_power(test: dict, sd: float, target: float = POWER_TARGET, cap: int = 10_000) -> int:
-    """Smallest ``n >= 2`` whose exact power (:func:`deciding_power`) reaches ``target``; ``cap`` when none
-    below it does."""
-    lo, hi = 2, 2
-    while deciding_power(test, sd, hi) < target:  # doubling, then bisection: power rises with n
-        lo, hi = hi + 1, hi * 2
-        if hi >= cap:
-            return cap if deciding_power(test, sd, cap) < target else _first(test, sd, target, lo, cap)
-    return _first(test, sd, target, lo, hi)
-
-
-def _first(test, sd, target, lo, hi) -> int:
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if deciding_power(test, sd, mid) >= target:
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
-
-
-def min_detectable(sd: float, n: int, alpha: float = 0.05, target: float = POWER_TARGET) -> float:
-    """The difference the two-sided paired t-test over ``n`` seeds detects with exactly ``target``
-    power (root of the noncentral-t power in ``delta``)."""
-    return float(optimize.brentq(lambda d: t_power(sd, d, n, alpha) - target, 1e-12 * sd, 1e4 * sd, xtol=1e-14 * sd))
-
-
-def sd_interval(sd: float, n: int, level: float = 0.95) -> tuple[float, float]:
-    """The ``level`` interval of the true sd from a sample sd over ``n`` seeds: ``(n-1) s^2 / sd^2 ~
-    chi^2_{n-1}`` (normal per-seed effects)."""
-    df = n - 1
-    a = (1 - level) / 2
-    return (sd * math.sqrt(df / stats.chi2.ppf(1 - a, df)), sd * math.sqrt(df / stats.chi2.ppf(a, df)))
-
-
-# ----------------------------------------------------------------------------------- sequential
 def look_sizes(first: int, add: int, max_seeds: int) -> list[int]:
     """Seeds at each look: ``first, first + add, ...``, the last capped at ``max_seeds``."""
     out = list(range(first, max_seeds, add)) if add > 0 and first < max_seeds else []

@@ -3,7 +3,7 @@
 A study file may list ``comparisons: [armA, armB, ...]`` in place of ``treatment``: each arm is
 compared with ``control`` (effect = arm - control, paired by seed; the control's runs are shared by
 every comparison). Each comparison is decided by the study's rule (the paired t or t-TOST of
-:mod:`analysis.seedtest`, sequential when the study is) at the Bonferroni level ``alpha / m`` for
+:mod:`analysis.stats.paired`, sequential when the study is) at the Bonferroni level ``alpha / m`` for
 ``m`` comparisons (Bonferroni 1936; Dunn 1961, JASA 56:52). Bonferroni rather than Holm because the
 verdict is read off an interval: Bonferroni gives each comparison a simultaneous interval at level
 ``1 - alpha / m`` (``1 - 2 alpha / m`` for TOST), which Holm's step-down does not, and it splits a
@@ -11,34 +11,16 @@ sequential boundary's total alpha the same way. The family-wise rate of a false 
 then at most ``alpha`` whatever the correlation between comparisons (the shared control correlates
 them by 0.5 under equal arm variances); ``tests/test_multiarm.py`` simulates it.
 
-A study without ``comparisons`` is unchanged: this module is only called for one that has them.
+A study without ``comparisons`` is unchanged: this module is only called for one that has them
+(the study file's ``comparisons`` block is checked by :func:`analysis.study.spec.load_study`).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
-from analysis import seedtest
-
-
-def check_comparisons(path: Path, spec: dict, error: type[Exception]) -> None:
-    """Check a study's ``comparisons`` block (and that it has no ``treatment`` beside it).
-
-    Raises:
-        error: ``comparisons`` not a list of at least 2 distinct arm names other than ``control``, or
-            given together with ``treatment``.
-    """
-    comps = spec["comparisons"]
-    if "treatment" in spec:
-        raise error(f"{path}: give either treatment (one comparison) or comparisons (several), not both")
-    if not isinstance(comps, list) or len(comps) < 2 or len(set(comps)) != len(comps):
-        raise error(f"{path}: comparisons must be a list of at least 2 distinct arm names, got {comps!r}")
-    for c in comps:
-        if c not in spec["arms"] or c == spec["control"]:
-            raise error(f"{path}: comparison {c!r} must be an arm other than the control "
-                        f"{spec['control']!r} ({sorted(spec['arms'])})")
+from analysis.stats.paired import interval_level
+from analysis.stats.boundaries import nominal_levels, sequential
 
 
 def corrected_test(test: dict, m: int) -> dict:
@@ -68,12 +50,12 @@ def family_verdicts(per_seed, test: dict, looks: list[int], family_levels) -> di
             over the ``m`` comparisons (:func:`comparison_levels`).
 
     Returns:
-        ``verdict``, ``seeds_used``: ``[studies, m]`` as :func:`analysis.seedtest.sequential` per
-        comparison.
+        ``verdict``, ``seeds_used``: ``[studies, m]`` as :func:`analysis.stats.boundaries.sequential`
+        per comparison.
     """
     x = np.asarray(per_seed, dtype=float)
     S, m, n = x.shape
-    seq = seedtest.sequential(x.reshape(S * m, n), test, looks, family_levels)
+    seq = sequential(x.reshape(S * m, n), test, looks, family_levels)
     return {"verdict": seq["verdict"].reshape(S, m), "seeds_used": seq["seeds_used"].reshape(S, m)}
 
 
@@ -82,7 +64,7 @@ def comparison_levels(test: dict, m: int, looks: list[int], boundary: str | None
     ``1 - level`` at ``alpha / m`` (one look), or the boundary's levels spending ``(1 - level)`` at
     ``alpha / m`` over ``looks``."""
     t = corrected_test(test, m)
-    total = 1 - seedtest.interval_level(t["kind"], t["alpha"])
+    total = 1 - interval_level(t["kind"], t["alpha"])
     if boundary is None:
         return [total]
-    return [float(v) for v in seedtest.nominal_levels(boundary, looks, total)]
+    return [float(v) for v in nominal_levels(boundary, looks, total)]
