@@ -256,11 +256,12 @@ class LeanRollout(HFRollout):
         if params.temperature != 0 and params.seed is not None:
             gens = [torch.Generator(device=self.model.device).manual_seed(row_seed(params.seed, r))
                     for r in range(first, first + len(rows))]
+        # cpu: row indices, moved to the model's device inside _decode
         completion, logps = self._decode(self.decoder(params.purpose), ids, torch.tensor(inverse), params, gens)
         pad = self.tokenizer.pad_token_id
         if completion.shape[1] == 0:  # max_new_tokens=0
-            completion = torch.full((len(rows), 1), pad, dtype=torch.long)
-            mask, truncated = torch.zeros_like(completion), torch.ones(len(rows), dtype=torch.bool)
+            completion = torch.full((len(rows), 1), pad, dtype=torch.long)  # cpu: a rollout batch lives on the CPU
+            mask, truncated = torch.zeros_like(completion), torch.ones(len(rows), dtype=torch.bool)  # cpu: as above
         else:
             mask, truncated = completion_mask_from_ids(completion, self.eos_ids)
         texts = self.tokenizer.batch_decode(completion * mask + pad * (1 - mask), skip_special_tokens=True)
@@ -313,8 +314,8 @@ class LeanRollout(HFRollout):
         live = torch.arange(B, device=dev)  # the output row of each batch row
         active = torch.ones(B, dtype=torch.bool, device=dev)
         eos = torch.tensor(sorted(self.eos_ids), device=dev)
-        out = torch.full((B, max_new), pad, dtype=torch.long)
-        logps = None if params.temperature == 0 else torch.zeros(B, max_new)
+        out = torch.full((B, max_new), pad, dtype=torch.long)  # cpu: the completions are gathered on the host
+        logps = None if params.temperature == 0 else torch.zeros(B, max_new)  # cpu: as out
         steps, at = 0, L + S
         with progress.bar(max_new, "tok", desc=f"{progress.current_phase() or 'rollout'} ({B} seqs)",
                           disable=not self.progress) as bar:
