@@ -14,7 +14,8 @@ Reports:
 
 - :mod:`analysis.study` -- pre-registered studies (``studies/<name>.yaml``): runs what a design
   needs, decides its verdict, writes ``results/studies/`` and ``results/STUDIES.md`` (a package:
-  spec, store, verdicts, launch, figures, render, reporting, overview, cli).
+  spec, store, verdicts, launch, figures, render, reporting, overview, cli, and precision: the CPU
+  a bf16-autocast arm needs).
 - :mod:`analysis.ablation` -- the estimator ablation report, ``results/ABLATION.md``; its per-run
   record of per-problem greedy verdicts (``RunRecord``, ``load_sweep``) is what the studies read.
 - :mod:`analysis.collect` -- MLflow runs -> tidy ``runs`` / ``history`` frames under ``reports/``
@@ -33,7 +34,8 @@ Tools:
 - :mod:`analysis.mdtable` -- markdown tables without ``tabulate``.
 
 Relation to ``harness``: ``analysis`` imports :mod:`harness.launch.tracking` (in ``collect`` and
-``ablation``: a run's artifacts, closing stale runs) and nothing else of it; ``harness`` never imports
+``ablation``: a run's artifacts, closing stale runs) and :mod:`harness.runtime.provenance` (in
+``study.precision``: the CPU's native bf16 flags) and nothing else of it; ``harness`` never imports
 ``analysis`` (``tests/test_layers.py``). No module of the package imports torch, and
 :mod:`analysis.stats` imports nothing of the repository.
 """

@@ -158,7 +158,8 @@ def test_harness_never_imports_analysis():
     assert back == set()
 
 
-def test_analysis_imports_of_harness_are_the_tracking_module_only():
-    """What analysis/__init__.py says: it reads runs through harness.launch.tracking, nothing else."""
+def test_analysis_imports_of_harness_are_tracking_and_the_cpu_probe_only():
+    """What analysis/__init__.py says: it reads runs through harness.launch.tracking and the CPU's native
+    bf16 flags through harness.runtime.provenance (a study refuses bf16 arms without them), nothing else."""
     into = {m for name, path in modules(ANALYSIS).items() for m in imports(name, path) if m.split(".")[0] == "harness"}
-    assert into == {"harness.launch.tracking"}
+    assert into == {"harness.launch.tracking", "harness.runtime.provenance"}
