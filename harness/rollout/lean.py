@@ -282,21 +282,21 @@ class LeanRollout(HFRollout):
                     **{cache_kwarg(type(model)): cache})
         return out.logits[:, -1].float()
 
-    def _decode(self, model, prompts: list[list[int]], inverse: torch.Tensor, params: SamplingParams, gens):
-        """Decode with ``model`` the rows ``inverse`` (row ``b`` continues ``prompts[inverse[b]]``).
+    def _prefill(self, model, prompts: list[list[int]], inverse: torch.Tensor, new_tokens: int):
+        """The prompts' cache: their common prefix once (``share_prefix``), then each distinct prompt's
+        rest (left-padded), gathered to the rows ``inverse`` (row ``b`` continues ``prompts[inverse[b]]``).
 
         Returns:
-            ``(completion [B, Tc] long, pad after EOS; log-probs [B, max_new] float32 or None)``,
-            ``Tc`` the steps run (the longest row's length), on the CPU.
+            ``(cache, logits [B, V] of each row's next token, valid [B, capacity] bool, next position [B],
+            next buffer column)``, room left in the cache for ``new_tokens`` tokens.
         """
-        dev, pad, max_new = model.device, self.tokenizer.pad_token_id, params.max_new_tokens
-        B, shortest = len(inverse), min(len(p) for p in prompts)
+        dev, pad, shortest = model.device, self.tokenizer.pad_token_id, min(len(p) for p in prompts)
         if shortest == 0:
             raise ValueError("rollout=lean: a prompt tokenized to no tokens; expected at least one")
         L = min(len(os.path.commonprefix(prompts)), shortest - 1) if self.share_prefix else 0
         S = max(len(p) for p in prompts) - L
-        cache = buffer_cache(model, L + S + max_new)
-        valid = torch.zeros(1 if L else len(prompts), L + S + max_new, dtype=torch.bool, device=dev)
+        cache = buffer_cache(model, L + S + new_tokens)
+        valid = torch.zeros(1 if L else len(prompts), L + S + new_tokens, dtype=torch.bool, device=dev)
         if L:  # the common prefix, once
             valid[:, :L] = True
             self._forward(model, cache, torch.tensor([prompts[0][:L]], device=dev), valid, 0,
@@ -310,13 +310,25 @@ class LeanRollout(HFRollout):
         logits = self._forward(model, cache, suffix, valid, L, positions.clamp(min=0))
         inverse = inverse.to(dev)
         cache.batch_select_indices(inverse)  # each distinct prompt's cache to the rows that repeat it
-        logits, valid, nxt_pos = logits[inverse], valid[inverse], positions[:, -1][inverse] + 1
+        return cache, logits[inverse], valid[inverse], positions[:, -1][inverse] + 1, L + S
+
+    def _decode(self, model, prompts: list[list[int]], inverse: torch.Tensor, params: SamplingParams, gens):
+        """Decode with ``model`` the rows ``inverse`` (row ``b`` continues ``prompts[inverse[b]]``): one
+        forward a token, the rows that emitted EOS dropped from the batch once they are more than
+        ``compact`` of it.
+
+        Returns:
+            ``(completion [B, Tc] long, pad after EOS; log-probs [B, Tc] float32 or None)``, ``Tc`` the
+            steps run (the longest row's length), on the CPU.
+        """
+        dev, B, max_new = model.device, len(inverse), params.max_new_tokens
+        cache, logits, valid, nxt_pos, at = self._prefill(model, prompts, inverse, max_new)
         live = torch.arange(B, device=dev)  # the output row of each batch row
         active = torch.ones(B, dtype=torch.bool, device=dev)
         eos = torch.tensor(sorted(self.eos_ids), device=dev)
-        out = torch.full((B, max_new), pad, dtype=torch.long)  # cpu: the completions are gathered on the host
+        out = torch.full((B, max_new), self.tokenizer.pad_token_id, dtype=torch.long)  # cpu: gathered on the host
         logps = None if params.temperature == 0 else torch.zeros(B, max_new)  # cpu: as out
-        steps, at = 0, L + S
+        steps = 0
         with progress.bar(max_new, "tok", desc=f"{progress.current_phase() or 'rollout'} ({B} seqs)",
                           disable=not self.progress) as bar:
             for t in range(max_new):
@@ -330,7 +342,7 @@ class LeanRollout(HFRollout):
                 bar.update(1)
                 if steps == max_new or not bool(active.any()):
                     break
-                if int((~active).sum()) > self.compact * len(active):
+                if int((~active).sum()) > self.compact * len(active):  # drop the finished rows
                     keep = active.nonzero().squeeze(1)
                     cache.batch_select_indices(keep)
                     live, tokens, valid, nxt_pos = live[keep], tokens[keep], valid[keep], nxt_pos[keep]
