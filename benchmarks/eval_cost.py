@@ -7,6 +7,7 @@ runs (50 divides 250), so the cumulative time at 250 / 500 / 1,000 is what those
 slices' accuracies are printed to show the untrained model's rate on each.
 
     python -m benchmarks.eval_cost --threads 1    # as a study job runs (train.threads=1)
+    python -m benchmarks.eval_cost --sizes 250 --out /tmp/lean.json rollout=lean   # one backend's 250-problem eval
 
 Writes ``results/eval_cost.json``. Keep the machine quiet; quote its CPU and the date with the figures.
 """
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from harness.rollout import eval_decode
 from harness.train.evaluation import evaluate
 from harness.runtime.provenance import cpu_label
 from harness.launch.run import build_components, prepare
@@ -33,17 +35,22 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--batch-size", type=int, default=50)
+    ap.add_argument("--sizes", type=lambda v: tuple(int(x) for x in v.split(",")), default=SIZES,
+                    help="cumulative eval sizes, increasing (default 250,500,1000)")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "eval_cost.json")
     ap.add_argument("overrides", nargs="*", help="extra config overrides (model=tiny: a smoke run)")
     a = ap.parse_args(argv)
-    cfg = compose(["preset=arith_cpu", f"task.test_size={SIZES[-1]}", f"task.eval_size={SIZES[-1]}",
-                   f"eval.size={SIZES[-1]}", f"eval.batch_size={a.batch_size}", f"train.threads={a.threads}",
+    sizes = a.sizes
+    if list(sizes) != sorted(set(sizes)) or sizes[0] < 1:
+        ap.error(f"--sizes: expected increasing positive counts, got {','.join(map(str, sizes))}")
+    cfg = compose(["preset=arith_cpu", f"task.test_size={sizes[-1]}", f"task.eval_size={sizes[-1]}",
+                   f"eval.size={sizes[-1]}", f"eval.batch_size={a.batch_size}", f"train.threads={a.threads}",
                    "rollout.progress=false", *a.overrides])
     prepare(cfg)  # validates
     task, tokenizer, policy, _, backend = build_components(cfg)
-    problems = task.eval[: SIZES[-1]]
+    problems = task.eval[: sizes[-1]]
     rows, elapsed, start = [], 0.0, 0
-    for n in SIZES:
+    for n in sizes:
         t0 = time.perf_counter()
         m, _ = evaluate(task, backend, tokenizer, problems[start:n], max_new_tokens=cfg.rollout.max_new_tokens,
                         batch_size=cfg.eval.batch_size)
@@ -55,7 +62,8 @@ def main(argv=None) -> int:
         start = n
     out = {"rows": rows, "batch_size": a.batch_size, "max_new_tokens": cfg.rollout.max_new_tokens,
            "machine": {"cpu": cpu_label(), "cores": os.cpu_count(), "threads": a.threads, "torch": torch.__version__},
-           "overrides": a.overrides, "date": time.strftime("%Y-%m-%d")}
+           "overrides": a.overrides,
+           "decode": eval_decode(cfg.rollout, policy), "date": time.strftime("%Y-%m-%d")}
     a.out.write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {a.out}")
     return 0
