@@ -9,7 +9,7 @@ slices' accuracies are printed to show the untrained model's rate on each.
     python -m benchmarks.eval_cost --threads 1    # as a study job runs (train.threads=1)
     python -m benchmarks.eval_cost --sizes 250 --out /tmp/lean.json rollout=lean   # one backend's 250-problem eval
 
-Writes ``results/eval_cost.json``. Keep the machine quiet; quote its CPU and the date with the figures.
+Writes ``results/eval_cost.json`` (with each problem's sample row: completions to compare backends). Keep the machine quiet; quote its CPU and the date with the figures.
 """
 from __future__ import annotations
 
@@ -49,12 +49,13 @@ def main(argv=None) -> int:
     prepare(cfg)  # validates
     task, tokenizer, policy, _, backend = build_components(cfg)
     problems = task.eval[: sizes[-1]]
-    rows, elapsed, start = [], 0.0, 0
+    rows, elapsed, start, samples = [], 0.0, 0, []
     for n in sizes:
         t0 = time.perf_counter()
-        m, _ = evaluate(task, backend, tokenizer, problems[start:n], max_new_tokens=cfg.rollout.max_new_tokens,
-                        batch_size=cfg.eval.batch_size)
+        m, batch_samples = evaluate(task, backend, tokenizer, problems[start:n], max_new_tokens=cfg.rollout.max_new_tokens,
+                        batch_size=cfg.eval.batch_size, log_samples=n - start)
         elapsed += time.perf_counter() - t0
+        samples += batch_samples
         rows.append({"problems": n, "seconds": elapsed, "slice": [start, n], "slice_accuracy": m["eval/accuracy"],
                      "slice_completion_len_mean": m["eval/completion_len_mean"]})
         print(f"{n:5d} problems: {elapsed:7.1f} s cumulative ({elapsed / n:.2f} s a problem); problems {start}-{n - 1}: "
@@ -63,7 +64,7 @@ def main(argv=None) -> int:
     out = {"rows": rows, "batch_size": a.batch_size, "max_new_tokens": cfg.rollout.max_new_tokens,
            "machine": {"cpu": cpu_label(), "cores": os.cpu_count(), "threads": a.threads, "torch": torch.__version__},
            "overrides": a.overrides,
-           "decode": eval_decode(cfg.rollout, policy), "date": time.strftime("%Y-%m-%d")}
+           "decode": eval_decode(cfg.rollout, policy), "samples": samples, "date": time.strftime("%Y-%m-%d")}
     a.out.write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {a.out}")
     return 0
