@@ -185,7 +185,7 @@ def write_report(spec: dict, result: dict, records: dict, path: Path, study_file
              "", "## Power (of the deciding test, exact)", "", *power_lines(spec, result["power"])]
     if spec.get("notes"):
         lines += ["", "## Notes written after the runs (not part of the registration)", "", spec["notes"].strip()]
-    lines += _secondary_lines(spec, records, client)
+    lines += _secondary_lines(spec, records, client, path.stem)
     lines += ["", "## Plot", "", *plots, "", "## Provenance", "",
               f"- machine: {meta['machine']}; runs started between {meta['first']} and {meta['last']} (UTC)",
               *[f"- {x}" for x in meta.get("provenance", [])], ""]
@@ -253,9 +253,10 @@ def _per_step_lines(spec: dict, records: dict, client=None) -> list[str]:
                                  "not tested): per step, mean over each arm's seeds.")
 
 
-def _secondary_lines(spec: dict, records: dict, client=None) -> list[str]:
+def _secondary_lines(spec: dict, records: dict, client=None, stem: str | None = None) -> list[str]:
     """``secondary`` metrics of the study file (not part of the test): per arm, the mean over seeds
-    of each run's mean over its logged steps, per seed in brackets."""
+    of each run's mean over its logged steps, per seed in brackets; ``stem``: the report file's stem,
+    which names its per-step plot (default: the study's name)."""
     names = spec.get("secondary") or []
     if not names or not any(records.values()):
         return []
@@ -270,15 +271,16 @@ def _secondary_lines(spec: dict, records: dict, client=None) -> list[str]:
             cells.append(f"{np.mean(list(per.values())):.4g} [" + ", ".join(f"{v:.4g}" for v in per.values()) + "]"
                          if per else "n/a")
         out.append(f"| `{name}` | " + " | ".join(cells) + " |")
-    out += secondary_curve_lines(spec, records, client)
+    out += secondary_curve_lines(spec, records, client, stem=stem)
     return out
 
 
 def secondary_curve_lines(spec: dict, records: dict, client=None, max_columns: int = 10, key: str = "secondary",
-                          title: str | None = None) -> list[str]:
+                          title: str | None = None, stem: str | None = None) -> list[str]:
     """A markdown table of :func:`analysis.study.store.secondary_curves` of the ``key`` metrics: a row per
     (metric, arm), a column per logged step (at most ``max_columns``, evenly spaced, always the first and
-    last), under ``title`` (default: the secondary metrics' line naming their plot)."""
+    last), under ``title`` (default: the secondary metrics' line naming their plot, ``plots/<stem>_secondary.png``,
+    ``stem`` the report file's stem, default the study's name)."""
     curves = secondary_curves(spec, records, client, key)
     steps = sorted({x for arms in curves.values() for c in arms.values() for x in c})
     if not steps:
@@ -286,7 +288,7 @@ def secondary_curve_lines(spec: dict, records: dict, client=None, max_columns: i
     if len(steps) > max_columns:
         idx = np.unique(np.linspace(0, len(steps) - 1, max_columns).round().astype(int))
         steps = [steps[i] for i in idx]
-    title = title or "Per step, mean over seeds (plot: `plots/" + spec["name"] + "_secondary.png`):"
+    title = title or f"Per step, mean over seeds (plot: `plots/{stem or spec['name']}_secondary.png`):"
     out = ["", title, "",
            "| metric | arm | " + " | ".join(f"step {x}" for x in steps) + " |", "|---|---|" + "---|" * len(steps)]
     for name, arms in curves.items():
