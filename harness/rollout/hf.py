@@ -91,6 +91,12 @@ def row_seed(seed: int, row: int) -> int:
     return (int(seed) * 1_000_003 + int(row) * 7_919 + 1) % (2**63 - 1)
 
 
+def race_noise(gens: list, vocab: int, device) -> torch.Tensor:
+    """The seeded exponential race's noise of one decoding step: ``[len(gens), vocab]`` float32 draws of
+    Exp(1), one ``[vocab]`` draw from each row's generator (:class:`_SeededSampler`, ``rollout=lean``'s pick)."""
+    return torch.stack([torch.empty(vocab, device=device).exponential_(generator=g) for g in gens])
+
+
 class _SeededSampler:
     """Sampling from ``softmax(logits / T)`` as a per-row seeded exponential race.
 
@@ -106,9 +112,7 @@ class _SeededSampler:
         self.gens = [torch.Generator(device=device).manual_seed(row_seed(seed, r)) for r in rows]
 
     def __call__(self, input_ids, scores):
-        noise = torch.stack([torch.empty(scores.shape[1], device=scores.device).exponential_(generator=g)
-                             for g in self.gens])
-        return scores.float() / self.temperature - noise.log()
+        return scores.float() / self.temperature - race_noise(self.gens, scores.shape[1], scores.device).log()
 
 
 class _StopOnText(StoppingCriteria):

@@ -49,7 +49,7 @@ from harness import progress
 from harness.model.kv import cache_kwarg
 from harness.model.precision import upcast
 from harness.rollout.base import BACKENDS, RolloutBatch, RolloutConfig, SamplingParams
-from harness.rollout.hf import HFRollout, completion_mask_from_ids, row_seed
+from harness.rollout.hf import HFRollout, completion_mask_from_ids, race_noise, row_seed
 from harness.model.truncation import keep_set
 
 DECODE_ATTENTION = "harness_lean_decode"  # the low-precision copy's attention (decode_attention)
@@ -195,9 +195,7 @@ def pick(logits: torch.Tensor, params: SamplingParams, gens: list | None):
     if gens is None:
         tokens = torch.multinomial(logp.exp(), 1).squeeze(1)
     else:  # argmax(l / T - log E), E ~ Exp(1) per row: an exact draw from softmax(l / T) (Gumbel-max)
-        noise = torch.stack([torch.empty(logits.shape[1], device=logits.device).exponential_(generator=g)
-                             for g in gens])
-        tokens = (scaled - noise.log()).argmax(-1)
+        tokens = (scaled - race_noise(gens, logits.shape[1], logits.device).log()).argmax(-1)
     return tokens, logp.gather(1, tokens[:, None]).squeeze(1)
 
 
