@@ -4,8 +4,9 @@ import math
 import numpy as np
 import pytest
 
+from analysis import stats as st
 from analysis.ablation import RunRecord
-from analysis.noise import paired_table, summary_value
+from analysis.noise import Design, SeedCost, at_step, frontier, paired_table, sd_at_size, summary_value
 
 
 def _rec(seed, rows, steps=(0, 4, 8)):
@@ -46,3 +47,41 @@ def test_paired_table_refuses_one_seed_and_mixed_evals():
         paired_table({1: a}, {1: a})
     with pytest.raises(ValueError, match="differ in eval steps"):
         paired_table({1: a, 2: _rec(2, [[0, 1]] * 2, (0, 8))}, {1: a, 2: a})
+
+
+def test_at_step_keeps_the_evals_up_to_the_step_and_refuses_a_step_without_one():
+    r = _rec(1, [[0, 0], [1, 0], [1, 1]], steps=(0, 4, 8))
+    cut = at_step(r, 4)
+    assert cut.eval_steps == [0, 4] and cut.correct.tolist() == [[0, 0], [1, 0]]
+    assert r.eval_steps == [0, 4, 8]  # the record itself is untouched
+    with pytest.raises(ValueError, match="no eval at step 6"):
+        at_step(r, 6)
+
+
+def test_sd_at_size_scales_only_the_eval_share():
+    t = {"train_sd": 0.03, "eval_sd": 0.04, "problems": 250}
+    assert sd_at_size(t, 250) == pytest.approx(0.05, abs=1e-15)
+    # 1000 problems: eval variance 0.04^2 / 4 = 4e-4; sqrt(9e-4 + 4e-4)
+    assert sd_at_size(t, 1000) == pytest.approx(math.sqrt(13e-4), abs=1e-15)
+
+
+def test_seed_hours_and_frontier_by_hand():
+    cost = SeedCost(overhead_s=10.0, eval_s_per_problem=0.2, step_s={4: 20.0, 8: 35.0},
+                    arm_ratio={"ctl": 1.0, "big": 2.0})
+    ref, long, wide = Design(8, 4, 250), Design(16, 4, 250), Design(8, 8, 250)
+    # ctl: 10 + 8 * 20 + 50 = 220 s; big: 10 + 8 * 40 + 50 = 380 s; two jobs: 300 s a seed
+    assert cost.seed_hours(ref) == pytest.approx(300 / 3600, abs=1e-15)
+    assert cost.seed_hours(long) == pytest.approx((380 + 700) / 2 / 3600, abs=1e-15)
+    assert cost.seed_hours(wide) == pytest.approx((340 + 620) / 2 / 3600, abs=1e-15)
+    with pytest.raises(KeyError):
+        cost.seed_hours(Design(8, 16, 250))
+    test = {"kind": "equivalence", "margin": 0.05, "alpha": 0.05}
+    rows = {r["design"]: r for r in frontier({ref: 0.06, long: 0.03, wide: 0.06}, ref, 0.07, cost, test)}
+    assert rows[ref]["sd"] == pytest.approx(0.07, abs=1e-15) and rows[ref]["gain"] == pytest.approx(1.0, abs=1e-12)
+    assert rows[long]["sd"] == pytest.approx(0.035, abs=1e-15)  # half the pilot's sd: half the reference's
+    # a quarter of the variance at 540 / 300 of the cost
+    assert rows[long]["gain"] == pytest.approx(4 * 300 / 540, rel=1e-12)
+    assert rows[wide]["gain"] == pytest.approx(300 / 480, rel=1e-12)
+    assert rows[ref]["seeds"] == st.seeds_for_power(test, 0.07)
+    assert rows[ref]["hours"] == pytest.approx(rows[ref]["seeds"] * 300 / 3600, rel=1e-12)
+    assert rows[long]["seeds"] < rows[ref]["seeds"]
