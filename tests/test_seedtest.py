@@ -187,3 +187,22 @@ def test_power_at_no_spread_is_the_limit():
     assert st.t_power(0.0, 0.05, 2) == 1.0 and math.isnan(st.t_power(0.0, 0.0, 3))
     assert st.min_detectable(0.0, 3) == 0.0
     assert st.seeds_for_power({"kind": "difference", "delta": 0.05, "alpha": 0.05}, 0.0) == 2
+
+
+def test_decision_rates_of_one_look_are_the_exact_power_and_rise_with_the_looks():
+    """One look: the chance of a decision is the fixed design's exact TOST power; with looks it
+    never falls from one look to the next, and its last entry is the rule's power on those draws."""
+    test = {"kind": "equivalence", "margin": 0.05, "alpha": 0.05 / 7}
+    sd, n, studies = 0.03, 12, 40_000
+    level = 1 - st.interval_level("equivalence", test["alpha"])
+    fixed = st.decision_rates(test, sd, [n], [level], studies=studies, seed=11)
+    exact = st.tost_power(sd, test["margin"], n, test["alpha"])
+    assert fixed[0] == pytest.approx(exact, abs=_mc(exact, studies))
+    looks = [4, 6, 8, 10, 12]  # the design card grid's design (its levels are in the committed table)
+    rates = st.decision_rates(test, sd, looks, st.comparison_levels(
+        {"kind": "equivalence", "margin": 0.05, "alpha": 0.05}, 7, looks, "obrien_fleming"), studies=studies, seed=11)
+    assert np.all(np.diff(rates) >= 0) and rates[0] < 0.01 < rates[-1] < fixed[0]
+    with pytest.raises(ValueError, match="sd=0"):
+        st.decision_rates(test, 0.0, [n], [level])
+    with pytest.raises(ValueError, match="1 levels for 2 looks"):
+        st.decision_rates(test, sd, [4, 8], [level])

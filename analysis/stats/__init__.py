@@ -6,7 +6,7 @@
   seeds and Welch's test of the comparison tables.
 - :mod:`analysis.stats.boundaries`: the group-sequential t boundaries (Lan-DeMets spending,
   simulated; the designs in use kept in ``t_boundaries.json`` beside it), the z boundaries they
-  replaced, and the sequential rule over simulated studies.
+  replaced, the sequential rule over simulated studies and its chance of a decision by each look.
 - :mod:`analysis.stats.bootstrap`: the two-level bootstrap over seeds and problems (the ablation's
   intervals, the studies' secondary interval) and the paired percentile bootstrap.
 - :mod:`analysis.stats.family`: several arms against one control, Bonferroni-split.
@@ -42,6 +42,7 @@ from analysis.stats.boundaries import (
     T_SEED,
     T_STUDIES,
     T_TABLE,
+    decision_rates,
     derive_t_levels,
     design_key,
     look_sizes,
@@ -54,8 +55,8 @@ from analysis.stats.boundaries import (
 
 __all__ = [
     "BOUNDARIES", "CONTRADICTED", "INCONCLUSIVE", "MIN_SEEDS", "POWER_TARGET", "REPRODUCED", "T_SEED", "T_STUDIES",
-    "T_TABLE", "VERDICT_NAMES", "bootstrap_p", "comparison_levels", "corrected_test", "decide", "deciding_power",
-    "derive_t_levels", "design_key", "family_verdicts", "interval_level", "look_sizes", "min_detectable",
+    "T_TABLE", "VERDICT_NAMES", "bootstrap_p", "comparison_levels", "corrected_test", "decide", "decision_rates",
+    "deciding_power", "derive_t_levels", "design_key", "family_verdicts", "interval_level", "look_sizes", "min_detectable",
     "nominal_levels", "null_abs_t", "paired_bootstrap_ci", "paired_t_p", "percentile_interval", "sd_interval",
     "seeds_for_power", "sequential", "sub_spec", "t_ci", "t_interval", "t_power", "tost_power", "two_level_bootstrap",
     "welch_p", "write_t_table", "z_nominal_levels",
