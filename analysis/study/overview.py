@@ -93,7 +93,8 @@ def _family_row(spec: dict, res: dict | None, f: Path, rows: list[str], short: l
     if ran:
         decided = [f"{a} {r['verdict']}" for a, r in ran.items() if r["verdict"] != "inconclusive"]
         verdict = f"{len(decided)} of {n} comparisons decided" + (f": {', '.join(decided)}" if decided else "")
-        used = sorted({r["seeds_used"] for r in ran.values()})
+        # a comparison analysed before its first look completed has no look yet: its paired seeds so far
+        used = sorted({r.get("seeds_used", len(r.get("seeds_run", []))) for r in ran.values()})
         cost = res.get("cost", {})
         seeds = f"{used[0]}-{used[-1]} seeds used ({design})" if len(used) > 1 else f"{used[0]} seeds used ({design})"
         cost_text = f"; {cost['runs']} runs, {cost['run_hours']:.1f} run-hours" if cost else ""
