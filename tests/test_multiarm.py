@@ -8,11 +8,12 @@ import math
 
 import numpy as np
 import pytest
+from mlflow import MlflowClient
 from scipy import stats
 
 from analysis import study
 from analysis.stats import REPRODUCED, comparison_levels, family_verdicts, sub_spec
-from tests.test_study import _spec, _store, in_tmp, launched  # noqa: F401 (fixtures)
+from tests.test_study import _log_run, _spec, _store, in_tmp, launched  # noqa: F401 (fixtures)
 
 ARMS = {"A": ["train.lr=1e-7"], "B": ["train.lr=1e-5"], "C": ["train.lr=2e-5"]}
 
@@ -202,3 +203,32 @@ def test_readme_table_opens_with_a_family_row_then_each_arm_and_leaves_pilots_to
     # the family's figure: a panel per arm, named under the table
     assert "`zgrid`, every arm vs step: [plots/zgrid_arms.png](results/plots/zgrid_arms.png)." in readme
     assert (in_tmp / "results" / "plots" / "zgrid_arms.png").stat().st_size > 10_000
+
+
+def test_a_sequential_family_before_its_first_look_leaves_the_readme_table_for_the_note(in_tmp):
+    """A sequential family with finished runs but no completed first look (2 of the 3 seeds the first
+    look needs) has its rows in results/STUDIES.md only; the README names it in the note with its seeds
+    so far, so that a started study does not add its rows before it has a look to show. After the
+    first look its rows return."""
+    seq = {"first": 3, "add": 2, "max_seeds": 5, "boundary": "obrien_fleming"}
+    path = _drop_treatment(_spec(in_tmp, name="sgrid", arms=ARMS, comparisons=["B", "C"],
+                                 seeds=(0, 1, 2, 3, 4), sequential=seq))
+    runs = [(a, s, 30 + s, None, "FINISHED") for a in ARMS for s in range(2)]
+    _store(in_tmp, "sgrid", runs)
+    study.report(study.load_study(path), path, study.RESULTS, machine="test box")
+    (in_tmp / "README.md").write_text("intro\n" + "\n".join(study.README_MARKS) + "\ntail\n")
+    full = study.index(study.RESULTS, in_tmp / "studies").read_text()
+    readme = (in_tmp / "README.md").read_text()
+    assert [line for line in readme.splitlines() if line.startswith("| ")][1:] == []
+    assert ("Started, before their first look (rows in [results/STUDIES.md](results/STUDIES.md)): "
+            "`sgrid` (2 of 5 seeds run).") in readme
+    assert "| `sgrid: 2 comparisons with A` |" in full
+    client = MlflowClient(f"sqlite:///{in_tmp / 'results' / 'studies' / 'sgrid' / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("grpo-harness").experiment_id
+    for a in ARMS:  # the third seed completes the first look
+        _log_run(client, exp, "sgrid", a, 2, 30, None, "FINISHED")
+    study.report(study.load_study(path), path, study.RESULTS, machine="test box")
+    study.index(study.RESULTS, in_tmp / "studies")
+    readme = (in_tmp / "README.md").read_text()
+    assert "Started, before their first look" not in readme
+    assert [line for line in readme.splitlines() if line.startswith("| ")][1].startswith("| [sgrid: 2 comparisons with A]")

@@ -30,19 +30,23 @@ def index(root: Path = RESULTS, studies: Path = Path("studies")) -> Path:
     # the README's first row group: the studies with ``comparisons`` (the design card's grid), one row per arm
     families = [(f, s) for f, s in files if "comparisons" in s]
     not_run = []  # studies with no finished run: named in the README's note, rows here
+    before_look = []  # (name, seeds run, seeds registered): runs but no completed first look; in the note too
     for f, study in families + [(f, s) for f, s in files if "comparisons" not in s]:
         res_path = study_dir(study, root) / "result.json"
         res = json.loads(res_path.read_text()) if res_path.exists() else None
         keep = short if study["name"] not in superseded else []
         finished = (res or {}).get("cost", {}).get("runs") if "comparisons" in study else (res or {}).get("runs_finished")
-        if not finished and study["name"] not in superseded:
+        if study["name"] not in superseded and not finished:
             not_run.append(study["name"])
+            keep = []
+        elif study["name"] not in superseded and not _looked(study, res):
+            before_look.append((study["name"], _seeds_so_far(study, res), len(study["seeds"])))
             keep = []
         if "comparisons" in study:  # the family's own row first: its claim once, what was decided, its cost
             _family_row(study, res, f, rows, keep)
         for spec, sub_res, page in _index_entries(study, res):
             _index_rows(spec, sub_res, page, f, rows, keep)
-    notes = _readme_notes(root, families, superseded, not_run)
+    notes = _readme_notes(root, families, superseded, not_run, before_look)
     if notes:
         short += ["", " ".join(notes)]
     out = root / "STUDIES.md"
@@ -53,9 +57,28 @@ def index(root: Path = RESULTS, studies: Path = Path("studies")) -> Path:
     return out
 
 
-def _readme_notes(root: Path, families: list, superseded: dict, not_run: list[str]) -> list[str]:
+def _looked(study: dict, res: dict | None) -> bool:
+    """Whether ``study`` (its result.json ``res``) completed its first look: any comparison's, for a
+    family; a fixed design (no ``sequential``) has one look, when it has runs."""
+    if not study.get("sequential"):
+        return True
+    if "comparisons" in study:
+        return any(r.get("looks") for r in (res or {}).get("comparisons", {}).values())
+    return bool((res or {}).get("looks"))
+
+
+def _seeds_so_far(study: dict, res: dict | None) -> int:
+    """The seeds with a finished run of every arm so far (a family: its most advanced comparison)."""
+    if "comparisons" in study:
+        return max((len(r.get("seeds_run", [])) for r in (res or {}).get("comparisons", {}).values()), default=0)
+    return len((res or {}).get("seeds_run", []))
+
+
+def _readme_notes(root: Path, families: list, superseded: dict, not_run: list[str],
+                  before_look: list[tuple[str, int, int]] = ()) -> list[str]:
     """The note under the README's table: each family's figure, the superseded pilots, the studies not
-    run yet (their rows are in ``results/STUDIES.md`` only)."""
+    run yet and those started but before their first look (their rows are in ``results/STUDIES.md``
+    only, so that the README stays within its 150 lines)."""
     notes = []
     for _, study in families:
         figure = family_figure(study, root)
@@ -69,6 +92,9 @@ def _readme_notes(root: Path, families: list, superseded: dict, not_run: list[st
     if not_run:
         notes.append("Registered, not run yet (rows in [results/STUDIES.md](results/STUDIES.md)): "
                      + ", ".join(f"`{n}`" for n in not_run) + ".")
+    if before_look:
+        notes.append("Started, before their first look (rows in [results/STUDIES.md](results/STUDIES.md)): "
+                     + ", ".join(f"`{n}` ({k} of {m} seeds run)" for n, k, m in before_look) + ".")
     return notes
 
 
