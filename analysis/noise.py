@@ -226,14 +226,24 @@ def frontier(pilot_sd: dict, reference: Design, reference_sd: float, cost: SeedC
     return rows
 
 
-def pilot_tables(uri: str, sweeps: dict, control: str, treatment: str, by: str = "group_size",
+def load_pilots(uri: str, sweeps: dict) -> dict[str, list[RunRecord]]:
+    """``{sweep tag: its finished runs}`` of the pilots' MLflow store ``uri`` (``sweeps``: ``{sweep tag:
+    prompts a step}``), read once for :func:`pilot_tables` and :func:`measured_cost`.
+
+    Raises:
+        ValueError: a sweep without finished runs (:func:`analysis.ablation.load_sweep`).
+    """
+    return {sweep: load_sweep(uri, sweep) for sweep in sweeps}
+
+
+def pilot_tables(runs: dict, sweeps: dict, control: str, treatment: str, by: str = "group_size",
                  problems: int | None = None) -> dict:
     """``{Design: paired_table}`` of pilot multiruns evaluated every few steps: each sweep's runs
     split into the two arms by the param ``by`` (``control`` / ``treatment`` its values), one
     design per eval step after 0 (:func:`at_step`).
 
     Args:
-        uri: the pilots' MLflow store; sweeps: ``{sweep tag: prompts a step}``.
+        runs: :func:`load_pilots`; sweeps: ``{sweep tag: prompts a step}``.
         problems: the designs' eval size (default: the runs').
     Raises:
         ValueError: a sweep without finished runs of both arms at 2 or more seeds (:func:`paired_table`).
@@ -241,7 +251,7 @@ def pilot_tables(uri: str, sweeps: dict, control: str, treatment: str, by: str =
     out = {}
     for sweep, prompts in sweeps.items():
         arms: dict = {}
-        for r in load_sweep(uri, sweep):
+        for r in runs[sweep]:
             arms.setdefault(r.params[by], {})[r.seed] = r
         ctl, trt = arms.get(control, {}), arms.get(treatment, {})
         steps = sorted({s for r in [*ctl.values(), *trt.values()] for s in r.eval_steps if s > 0})
@@ -251,10 +261,11 @@ def pilot_tables(uri: str, sweeps: dict, control: str, treatment: str, by: str =
     return out
 
 
-def measured_cost(uri: str, sweeps: dict, control: str, study_cost: Path, grid: dict,
+def measured_cost(uri: str, runs: dict, sweeps: dict, control: str, study_cost: Path, grid: dict,
                   by: str = "group_size") -> SeedCost:
     """The :class:`SeedCost` of a study's arms: the control's step at each prompt count and the eval's
-    seconds a problem from the pilots (``uri``, ``sweeps`` as in :func:`pilot_tables``: the mean
+    seconds a problem from the pilots (``uri`` their store, ``runs`` and ``sweeps`` as in
+    :func:`pilot_tables`: the mean
     ``time/step_s`` of the control's runs, the mean ``time/eval_s`` of their evals after step 0), the
     overhead from ``study_cost`` (``benchmarks.study_cost --paths``: the ``new_fp32`` path's process
     start, model load, engine build, replayed step-0 eval and tracking), and each arm's step relative
@@ -262,13 +273,12 @@ def measured_cost(uri: str, sweeps: dict, control: str, study_cost: Path, grid: 
     whose arms ran side by side on one machine: the ratio of the arms' mean step times).
 
     Raises:
-        ValueError: a sweep without finished runs (:func:`analysis.ablation.load_sweep`).
         KeyError: ``study_cost`` has no ``new_fp32`` path.
     """
     client = MlflowClient(uri)
     step_s, eval_s = {}, []
     for sweep, prompts in sweeps.items():
-        recs = [r for r in load_sweep(uri, sweep) if r.params[by] == control]
+        recs = [r for r in runs[sweep] if r.params[by] == control]
         step_s[prompts] = float(np.mean([r.step_time_s for r in recs]))
         eval_s += [m.value / len(r.correct[0]) for r in recs
                    for m in client.get_metric_history(r.run_id, "time/eval_s") if m.step > 0]
@@ -310,13 +320,14 @@ def grid_frontier(study: Path = Path("studies/design_card_grid.yaml"), pilots: P
     ref_arm = max(tables, key=lambda a: tables[a]["final"]["sd"])
     grid_t = tables[ref_arm]
     uri = f"sqlite:///{pilots / 'mlflow.db'}"
-    pilot = pilot_tables(uri, PILOT_SWEEPS, control="8", treatment="4")
+    runs = load_pilots(uri, PILOT_SWEEPS)
+    pilot = pilot_tables(runs, PILOT_SWEEPS, control="8", treatment="4")
     reference = Design(spec["steps"], 4, spec["eval_size"])
     sds = {d: t["final"]["sd"] for d, t in pilot.items()}
     for m in EVAL_SIZES:  # the reference design at other eval sizes, scaled by the grid's own split
         sds[Design(reference.steps, reference.prompts, m)] = sds[reference] * sd_at_size(grid_t, m) / sd_at_size(
             grid_t, reference.problems)
-    cost = measured_cost(uri, PILOT_SWEEPS, "8", study_cost, {"control": ctl, "records": recs})
+    cost = measured_cost(uri, runs, PILOT_SWEEPS, "8", study_cost, {"control": ctl, "records": recs})
     test = stats.corrected_test(spec["test"], len(spec["comparisons"]))
     rows = frontier(sds, reference, grid_t["final"]["sd"], cost, test)
     return frontier_table(rows, reference), {"reference_arm": ref_arm, "reference_sd": grid_t["final"]["sd"],
