@@ -39,7 +39,7 @@ def index(root: Path = RESULTS, studies: Path = Path("studies")) -> Path:
         if study["name"] not in superseded and not finished:
             not_run.append(study["name"])
             keep = []
-        elif study["name"] not in superseded and not _looked(study, res):
+        elif keep and not _looked(study, res):
             before_look.append((study["name"], _seeds_so_far(study, res), len(study["seeds"])))
             keep = []
         if "comparisons" in study:  # the family's own row first: its claim once, what was decided, its cost
@@ -75,7 +75,7 @@ def _seeds_so_far(study: dict, res: dict | None) -> int:
 
 
 def _readme_notes(root: Path, families: list, superseded: dict, not_run: list[str],
-                  before_look: list[tuple[str, int, int]] = ()) -> list[str]:
+                  before_look: list[tuple[str, int, int]]) -> list[str]:
     """The note under the README's table: each family's figure, the superseded pilots, the studies not
     run yet and those started but before their first look (their rows are in ``results/STUDIES.md``
     only, so that the README stays within its 150 lines)."""
