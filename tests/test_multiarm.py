@@ -9,10 +9,12 @@ import math
 import numpy as np
 import pytest
 from mlflow import MlflowClient
+from mlflow.entities import Metric
 from scipy import stats
 
 from analysis import study
 from analysis.stats import REPRODUCED, comparison_levels, family_verdicts, sub_spec
+from analysis.study.store import run_seconds
 from tests.test_study import _log_run, _spec, _store, in_tmp, launched  # noqa: F401 (fixtures)
 
 ARMS = {"A": ["train.lr=1e-7"], "B": ["train.lr=1e-5"], "C": ["train.lr=2e-5"]}
@@ -184,7 +186,8 @@ def test_readme_table_opens_with_a_family_row_then_each_arm_and_leaves_pilots_to
     readme = (in_tmp / "README.md").read_text()
     rows = [line for line in readme.splitlines() if line.startswith("| ")][1:]  # past the header
     family = json.loads((in_tmp / "results" / "studies" / "zgrid" / "result.json").read_text())
-    assert family["cost"]["runs"] == 9 and 0 <= family["cost"]["run_hours"] < 0.1
+    # each fake run logged time/elapsed_s 4.0 at its last step and no eval time: 9 x 4 s
+    assert family["cost"]["runs"] == 9 and family["cost"]["run_hours"] == pytest.approx(9 * 4 / 3600)
     hours = family["cost"]["run_hours"]
     assert rows[0] == ("| [zgrid: 2 comparisons with A](results/plots/zgrid_arms.png) | B beats A. | 3 seeds used "
                        f"(fixed) x 4 steps, 100 eval problems; 9 runs, {hours:.1f} run-hours | - | "
@@ -232,3 +235,32 @@ def test_a_sequential_family_before_its_first_look_leaves_the_readme_table_for_t
     readme = (in_tmp / "README.md").read_text()
     assert "Started, before their first look" not in readme
     assert [line for line in readme.splitlines() if line.startswith("| ")][1].startswith("| [sgrid: 2 comparisons with A]")
+
+
+def test_a_run_resumed_sessions_later_costs_its_compute_not_the_hours_between(tmp_path):
+    """run_seconds: the trainer's time/elapsed_s at the last step (carried over from the checkpoint a
+    resumed run starts from) plus the eval logged at that step; MLflow's start-to-end time counts only
+    for a run that logged no elapsed time."""
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.create_experiment("x", artifact_location=(tmp_path / "art").as_uri())
+    t0 = 1_700_000_000_000
+    hour = 3_600_000
+    resumed = client.create_run(exp, start_time=t0).info.run_id
+    # step 1 in the first session; killed; steps 2-4 three hours later, elapsed carried from step 1
+    elapsed = [(1, 46.7, t0 + 47_000), (2, 82.1, t0 + 3 * hour + 36_000), (4, 154.6, t0 + 3 * hour + 117_000)]
+    evals = [(0, 0.5, t0 + 1_000), (4, 43.6, t0 + 3 * hour + 117_000)]
+    client.log_batch(resumed, metrics=[Metric("time/elapsed_s", v, ts, st) for st, v, ts in elapsed]
+                     + [Metric("time/eval_s", v, ts, st) for st, v, ts in evals])
+    client.set_terminated(resumed, end_time=t0 + 3 * hour + 118_000)
+    assert run_seconds(client, client.get_run(resumed)) == pytest.approx(154.6 + 43.6)  # not 3 h 2 min
+
+    no_final_eval = client.create_run(exp, start_time=t0).info.run_id
+    client.log_batch(no_final_eval, metrics=[Metric("time/elapsed_s", 30.0, t0, 2), Metric("time/eval_s", 9.0, t0, 1)])
+    client.set_terminated(no_final_eval, end_time=t0 + 60_000)
+    assert run_seconds(client, client.get_run(no_final_eval)) == pytest.approx(30.0)  # the step-1 eval is inside
+
+    bare = client.create_run(exp, start_time=t0).info.run_id
+    client.set_terminated(bare, end_time=t0 + 120_000)
+    assert run_seconds(client, client.get_run(bare)) == pytest.approx(120.0)
+    running = client.create_run(exp, start_time=t0).info.run_id
+    assert run_seconds(client, client.get_run(running)) == 0.0

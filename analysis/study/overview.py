@@ -111,7 +111,8 @@ def _index_entries(spec: dict, res: dict | None) -> list[tuple[dict, dict | None
 def _family_row(spec: dict, res: dict | None, f: Path, rows: list[str], short: list[str]) -> None:
     """A family's header row in the full table ``rows`` and the README's ``short`` one: its claim once,
     "k of n comparisons decided" (naming the decided ones), the seeds its comparisons used and its cost
-    (runs, run-hours: the sum of the runs' MLflow durations); its comparisons' rows follow."""
+    (runs, run-hours: the sum of the seconds each run computed, :func:`analysis.study.store.run_seconds`);
+    its comparisons' rows follow."""
     n, seq = len(spec["comparisons"]), spec.get("sequential")
     ran = {a: r for a, r in (res or {}).get("comparisons", {}).items() if r.get("runs_finished")}
     label = f"{spec['name']}: {n} comparisons with {spec['control']}"

@@ -67,8 +67,7 @@ def _report_family(spec: dict, study_file: Path, root: Path, machine: str | None
     d.mkdir(parents=True, exist_ok=True)
     runs = [r for arm_runs in records.values() for r in arm_runs.values()]
     family = {"comparisons": out, "correction": "bonferroni", "m": len(out),
-              "cost": {"runs": len(runs), "run_hours": sum(r.params["_end_ms"] - r.params["_start_ms"] for r in runs)
-                       / 3.6e6} if runs else {}}
+              "cost": {"runs": len(runs), "run_hours": sum(r.params["_run_s"] for r in runs) / 3600} if runs else {}}
     figure = plot_family(spec, records, out, family_figure(spec, root), client)
     if figure is not None:
         family["figure"] = figure.relative_to(root).as_posix()

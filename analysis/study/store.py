@@ -82,7 +82,8 @@ def run_meta(records: dict, machine: str) -> dict:
 
 
 def annotate(spec: dict, records: dict, root: Path) -> tuple[list[str], str | None]:
-    """Start times into the records (for run_meta); the provenance lines from the run tags, and the
+    """Start times (for run_meta) and the seconds each run computed (:func:`run_seconds`, for the
+    family's cost) into the records; the provenance lines from the run tags, and the
     machine(s) the runs recorded (``provenance.machine.cpu`` / ``.cores`` params; None when no run
     recorded one), so that a report regenerated elsewhere still names where the runs were measured."""
     client = MlflowClient(store_uri(spec, root))
@@ -92,7 +93,7 @@ def annotate(spec: dict, records: dict, root: Path) -> tuple[list[str], str | No
             run = client.get_run(r.run_id)
             bf16.add(run.data.params.get("provenance.machine.cpu_bf16", "not recorded"))
             r.params["_start_ms"] = run.info.start_time or 0
-            r.params["_end_ms"] = run.info.end_time or r.params["_start_ms"]
+            r.params["_run_s"] = run_seconds(client, run)
             commits.add(run.data.tags.get("git_commit", "?"))
             dirty.add(run.data.tags.get("git_dirty", "?"))
             cpu = run.data.params.get("provenance.machine.cpu")
@@ -104,6 +105,30 @@ def annotate(spec: dict, records: dict, root: Path) -> tuple[list[str], str | No
         if commits else []
     lines += [x for x in [precision_line(spec, sorted(bf16))] if x]
     return lines, " and ".join(sorted(machines)) or None
+
+
+def run_seconds(client: MlflowClient, run) -> float:
+    """The wall-clock seconds a run computed: its trainer's ``time/elapsed_s`` at its last step plus the
+    ``time/eval_s`` logged at that step (the final eval runs after the step's elapsed time is taken).
+
+    ``time/elapsed_s`` is carried over from the checkpoint a run resumes from, so the hours between a
+    kill and its resume, which MLflow's start-to-end time of the run includes, are not counted; nor is
+    the work a killed attempt did after its last checkpoint, nor the process's start-up (a few
+    seconds). A run that logged no ``time/elapsed_s`` counts MLflow's end minus start (0 while RUNNING).
+
+    Args:
+        client: the study store's client.
+        run: an ``mlflow.entities.Run`` of that store.
+    Returns:
+        seconds (float, >= 0).
+    """
+    elapsed = client.get_metric_history(run.info.run_id, "time/elapsed_s")
+    if not elapsed:
+        start = run.info.start_time or 0
+        return max((run.info.end_time or start) - start, 0) / 1000
+    last = max(elapsed, key=lambda m: (m.step, m.timestamp))
+    evals = [m for m in client.get_metric_history(run.info.run_id, "time/eval_s") if m.step == last.step]
+    return last.value + (max(evals, key=lambda m: m.timestamp).value if evals else 0.0)
 
 
 def this_machine() -> str:
