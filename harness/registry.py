@@ -60,7 +60,10 @@ class Entry:
       (:func:`harness.algo.estimators.outcome_estimator`);
     * ``aggregation``: the ``loss_agg`` mode the variant's source prescribes (policy losses);
     * ``invariances``: the exact properties it promises (names, or ``fn(params) -> names``),
-      which ``tests/test_properties.py`` checks for every registered variant.
+      which ``tests/test_properties.py`` checks for every registered variant;
+    * ``ratio_params``: the params that act only through the ratio ``pi / pi_old`` (policy
+      losses): where every ratio is 1 (``mu=1`` on-policy) they change no update, and startup
+      warns when a run sets one away from its default there (:mod:`harness.launch.validate`).
     """
 
     name: str
@@ -72,9 +75,14 @@ class Entry:
     outcome: Optional[Callable] = None
     aggregation: Optional[str] = None
     invariances: Any = frozenset()
+    ratio_params: FrozenSet[str] = frozenset()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "needs", frozenset(self.needs))
+        object.__setattr__(self, "ratio_params", frozenset(self.ratio_params))
+        unknown = sorted(self.ratio_params - set(self.param_names()))
+        if unknown:
+            raise ValueError(f"{self.name}: ratio_params {unknown} are not fields of its params")
         if not callable(self.invariances):
             object.__setattr__(self, "invariances", frozenset(self.invariances))
 
@@ -144,7 +152,7 @@ class Registry:
             params: the params dataclass (also the config schema); its name field, if any, must
                 default to ``name``.
             declarations: the :class:`Entry` declarations (``needs``, ``grouped``, ``outcome``,
-                ``aggregation``, ``invariances``).
+                ``aggregation``, ``invariances``, ``ratio_params``).
         """
         if not isinstance(name, str) or not name:
             raise ValueError(f"{self.kind} name must be a non-empty string, got {name!r}")

@@ -231,3 +231,26 @@ def test_jobs_of_different_configs_sharing_one_checkpoint_dir_are_refused(run_di
     _, resumed, history = run_job(f"checkpoint.dir={ck}", "seed=1", "train.steps=3",
                                   f"resume={sorted(ck.glob('step_*.pt'))[-1]}")
     assert resumed.info.run_id == first.info.run_id and [s for s, _ in history("train/loss")] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("overrides,warned", [
+    ("policy_loss.epsilon=0.1", "policy_loss.epsilon=0.1 changes nothing in this run"),
+    ("policy_loss.epsilon_high=0.28 policy_loss.dual_clip=3.0",
+     "policy_loss.dual_clip=3.0, policy_loss.epsilon_high=0.28 change nothing in this run"),
+    ("policy_loss=sapo policy_loss.tau_neg=2.0", "policy_loss.tau_neg=2.0 changes nothing in this run"),
+    ("policy_loss.epsilon=0.1 mu=2", None),  # the second pass's ratios are not 1
+    ("policy_loss.epsilon=0.1 rollout.staleness=1", None),  # nor a stale batch's
+    ("policy_loss.epsilon=0.2", None),  # the default: nothing set
+    ("policy_loss=clip_cov policy_loss.clip_cov_lb=0.5", None),  # acts through the covariance
+])
+def test_a_ratio_param_set_at_mu_1_on_policy_warns_that_it_changes_nothing(overrides, warned, caplog):
+    """At mu=1 without staleness every ratio pi/pi_old is 1: startup warns, naming the key and how
+    to make it act, for a policy-loss param that acts only through that ratio and was set away from
+    its default; the run still starts (TRL and verl accept the same)."""
+    with caplog.at_level("WARNING", logger="harness.launch.validate"):
+        validate(compose(*QUICK, *overrides.split()))
+    said = [r.getMessage() for r in caplog.records if "nothing in this run" in r.getMessage()]
+    if warned is None:
+        assert said == []
+    else:
+        assert len(said) == 1 and said[0].startswith(warned) and "set mu>=2 or rollout.staleness>=1" in said[0]

@@ -306,8 +306,9 @@ KNOBS = {
     "policy_loss/gspo.epsilon_high": math_(0.5, "loss", *MU2),
     "policy_loss/cispo.epsilon_low": math_(0.01, "loss", *MU2),
     "policy_loss/cispo.epsilon_high": math_(0.01, "loss", *MU2),
-    "policy_loss/sapo.tau_pos": math_(5.0, "loss"),
-    "policy_loss/sapo.tau_neg": math_(5.0, "loss"),
+    # on-policy the gate's slope at r = 1 is 1 for any tau: the logged loss moves, the update does not
+    "policy_loss/sapo.tau_pos": math_(5.0, "weights", *MU2),
+    "policy_loss/sapo.tau_neg": math_(5.0, "weights", *MU2),
     "policy_loss/vespo.k_pos": math_(0.5, "loss", *MU2),  # on-policy phi(1) = 1: a second pass
     "policy_loss/vespo.lambda_pos": math_(0.5, "loss", *MU2),
     "policy_loss/vespo.k_neg": math_(0.5, "loss", *MU2),

@@ -234,3 +234,47 @@ def test_dppo_masks_by_probability_difference_by_hand():
                                rtol=0, atol=1e-12)
     with pytest.raises(ValueError, match="policy_loss.mask_low must be >= 0"):
         spec.fn(new, old, adv, mask, spec.build(mask_low=-0.1))
+
+
+# the params of each loss that act on-policy too (every other numeric param is a declared ratio param)
+ACTS_ON_POLICY = {"clip_cov": {"clip_cov_ratio", "clip_cov_lb", "clip_cov_ub"}}
+NONE_DEFAULT_OTHER = {"dual_clip": 1.5, "delta": 1.5}  # a valid value for a param whose default is None
+
+
+def test_every_policy_loss_param_is_a_ratio_param_or_acts_on_policy():
+    """A loss added without classifying its params fails here: a param that only acts through the
+    ratio must be declared (``ratio_params``), or startup cannot warn when mu=1 makes it inert."""
+    for name in POLICY_LOSSES.names():
+        spec = POLICY_LOSSES.spec(name)
+        assert set(spec.ratio_params) | ACTS_ON_POLICY.get(name, set()) == set(spec.param_names()), name
+    assert POLICY_LOSSES.spec("ppo_clip").ratio_params == {"epsilon", "epsilon_high", "dual_clip", "delta"}
+
+
+@pytest.mark.parametrize("name", [n for n in POLICY_LOSSES.names() if POLICY_LOSSES.spec(n).ratio_params])
+def test_ratio_params_change_no_gradient_where_every_ratio_is_one(name):
+    """pi_old = pi (mu=1 on-policy): a declared ratio param set to another valid value leaves the
+    gradient as it was, in float64 (summation order aside), on a batch with both signs of advantage
+    and a padded row. The same params set at ratios away from 1 change it: tests/test_knobs.py's rows
+    for them run at mu=2."""
+    g = torch.Generator().manual_seed(3)
+    base = torch.randn(6, 8, dtype=torch.float64, generator=g) - 1.0
+    adv = torch.randn(6, 1, dtype=torch.float64, generator=g).expand(6, 8).contiguous()
+    mask = torch.ones(6, 8, dtype=torch.float64)
+    mask[0, 5:] = 0
+    spec = POLICY_LOSSES.spec(name)
+    default = spec.build()
+
+    def grad(params):
+        torch.manual_seed(0)  # clip_cov draws its detached tokens at random
+        logp = base.clone().requires_grad_()
+        loss, _ = spec.fn(logp, logp.detach(), adv, mask, params)
+        loss.sum().backward()
+        return logp.grad
+
+    ref = grad(default)
+    assert ref.abs().sum() > 0
+    for key in sorted(spec.ratio_params):
+        v = getattr(default, key)
+        other = NONE_DEFAULT_OTHER.get(key, 0.3) if v is None else v * 1.7 + 0.05
+        torch.testing.assert_close(grad(spec.build(**{key: other})), ref, rtol=1e-12, atol=1e-15,
+                                   msg=lambda m: f"policy_loss={name} {key}={other}: {m}")

@@ -13,6 +13,11 @@ weight (rollout correction) that multiplies the per-token loss, as verl applies
 ``loss_agg`` afterwards; a loss whose paper prescribes an aggregation declares it
 (``aggregation=...``) and startup warns when the run uses another one.
 
+Each loss declares its ``ratio_params``: the params that act only through the ratio ``pi / pi_old``
+(the clip ranges, gates and trust-region masks). On-policy at ``mu=1`` every ratio is exactly 1, so
+they change no update there (as with TRL's ``num_iterations=1``); startup warns when a run sets one
+away from its default at ``mu=1`` and ``rollout.staleness=0``.
+
 Stats are detached 0-dim tensors, means over valid tokens: every loss reports ``ratio_mean``,
 ``approx_kl`` (k3 of the token ratio, ``KL(pi_old || pi)``) and ``clip_frac`` (the fraction of
 tokens whose gradient the loss's clip or selection removes or bounds), plus its own.
@@ -91,7 +96,8 @@ class PPOClipParams:
     delta: Optional[float] = None
 
 
-@POLICY_LOSSES.register("ppo_clip", params=PPOClipParams, invariances=_LINEAR)
+@POLICY_LOSSES.register("ppo_clip", params=PPOClipParams, invariances=_LINEAR,
+                        ratio_params=("epsilon", "epsilon_high", "dual_clip", "delta"))
 def ppo_clip(logprobs, old_logprobs, advantages, mask, p: PPOClipParams, weights=None) -> Tuple[Tensor, Stats]:
     """PPO clipped surrogate per token (Schulman et al. 2017, eq. 7), decoupled clip range
     (DAPO "Clip-Higher", Yu et al. 2025 sec. 3.1) and dual-clip (Ye et al. 2020 sec. 3.3):
@@ -121,7 +127,8 @@ class GSPOParams:
     epsilon_high: float = 4e-4  # and right clip range 4e-4 (sequence ratios sit very near 1)
 
 
-@POLICY_LOSSES.register("gspo", params=GSPOParams, aggregation="seq-mean-token-mean", invariances=_LINEAR)
+@POLICY_LOSSES.register("gspo", params=GSPOParams, aggregation="seq-mean-token-mean", invariances=_LINEAR,
+                        ratio_params=("epsilon", "epsilon_high"))
 def gspo(logprobs, old_logprobs, advantages, mask, p: GSPOParams, weights=None) -> Tuple[Tensor, Stats]:
     """GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization", eqs. 5-7, GSPO-token):
     the length-normalised sequence ratio ``s_i = exp(mean_t log(pi / pi_old))`` clipped to
@@ -148,7 +155,7 @@ class CISPOParams:
     epsilon_high: float = 4.0  # upper bound 1 + 4 = 5 (TRL's cispo caps the ratio at epsilon_high=5)
 
 
-@POLICY_LOSSES.register("cispo", params=CISPOParams, invariances=_LINEAR)
+@POLICY_LOSSES.register("cispo", params=CISPOParams, invariances=_LINEAR, ratio_params=("epsilon_low", "epsilon_high"))
 def cispo(logprobs, old_logprobs, advantages, mask, p: CISPOParams, weights=None) -> Tuple[Tensor, Stats]:
     """CISPO (MiniMax 2025, "MiniMax-M1", sec. 3.1, eq. 4): REINFORCE with a clipped,
     stop-gradient importance weight, so no token loses its gradient:
@@ -179,7 +186,9 @@ class SAPOParams:
     tau_neg: float = 1.05  # for A <= 0: tau_neg > tau_pos decays negative-token gradients faster
 
 
-@POLICY_LOSSES.register("sapo", params=SAPOParams, aggregation="seq-mean-token-mean", invariances=_LINEAR)
+# the gate f(r) = sigmoid(tau (r - 1)) 4 / tau has f'(1) = 1 for any tau: on-policy it is the plain gradient
+@POLICY_LOSSES.register("sapo", params=SAPOParams, aggregation="seq-mean-token-mean", invariances=_LINEAR,
+                        ratio_params=("tau_pos", "tau_neg"))
 def sapo(logprobs, old_logprobs, advantages, mask, p: SAPOParams, weights=None) -> Tuple[Tensor, Stats]:
     """SAPO (Gao et al. 2025, "Soft Adaptive Policy Optimization"): a smooth gate replaces the
     hard clip, ``L = -f_tau(r) A`` with ``f_tau(r) = sigmoid(tau (r - 1)) * 4 / tau``, ``tau =
@@ -214,7 +223,8 @@ class GMPOParams:
     epsilon_high: Optional[float] = None  # high side; None = epsilon
 
 
-@POLICY_LOSSES.register("gmpo", params=GMPOParams, aggregation="seq-mean-token-mean", invariances=_LINEAR)
+@POLICY_LOSSES.register("gmpo", params=GMPOParams, aggregation="seq-mean-token-mean", invariances=_LINEAR,
+                        ratio_params=("epsilon", "epsilon_high"))
 def gmpo(logprobs, old_logprobs, advantages, mask, p: GMPOParams, weights=None) -> Tuple[Tensor, Stats]:
     """GMPO (Zhao et al. 2025, "Geometric-Mean Policy Optimization", eq. 4): the sequence
     objective is the geometric mean of the clipped token ratios, clipped in log space,
@@ -268,7 +278,8 @@ class ClipCovParams:
     clip_cov_ub: float = 5.0
 
 
-@POLICY_LOSSES.register("clip_cov", params=ClipCovParams, invariances=("zero_advantage",))
+@POLICY_LOSSES.register("clip_cov", params=ClipCovParams, invariances=("zero_advantage",),
+                        ratio_params=("epsilon", "epsilon_high"))
 def clip_cov(logprobs, old_logprobs, advantages, mask, p: ClipCovParams, weights=None) -> Tuple[Tensor, Stats]:
     """Clip-Cov (Cui et al. 2025, "The Entropy Mechanism of Reinforcement Learning for Reasoning
     Language Models", sec. 4, Alg. 1): the PPO-clip loss, with the gradient detached on
@@ -306,7 +317,8 @@ class KLCovParams:
     ppo_kl_coef: float = 1.0  # coefficient of |log r| on those tokens
 
 
-@POLICY_LOSSES.register("kl_cov", params=KLCovParams, invariances=())
+# |log r| has a zero gradient at r = 1 (torch's abs), so on-policy kl_cov is the plain surrogate
+@POLICY_LOSSES.register("kl_cov", params=KLCovParams, invariances=(), ratio_params=("kl_cov_ratio", "ppo_kl_coef"))
 def kl_cov(logprobs, old_logprobs, advantages, mask, p: KLCovParams, weights=None) -> Tuple[Tensor, Stats]:
     """KL-Cov (Cui et al. 2025, sec. 4, Alg. 2): the unclipped surrogate ``-r A``, plus
     ``ppo_kl_coef * |log r|`` on the ``max(1, floor(kl_cov_ratio * N))`` valid tokens with the
@@ -374,7 +386,8 @@ class VESPOParams:
 _LOG_W_MIN, _LOG_W_MAX = math.log(1e-8), 20.0  # TRL get_gamma_weights' clamps of log W
 
 
-@POLICY_LOSSES.register("vespo", params=VESPOParams, aggregation="token-mean", invariances=_LINEAR)
+@POLICY_LOSSES.register("vespo", params=VESPOParams, aggregation="token-mean", invariances=_LINEAR,
+                        ratio_params=("k_pos", "lambda_pos", "k_neg", "lambda_neg"))
 def vespo(logprobs, old_logprobs, advantages, mask, p: VESPOParams, weights=None) -> Tuple[Tensor, Stats]:
     """VESPO (arXiv 2602.10693; TRL ``loss_type="vespo"``, ``GRPOTrainer.get_gamma_weights``):
     REINFORCE with a detached, smooth Gamma-shaped weight of the sequence importance ratio
@@ -431,7 +444,7 @@ class DPPOParams:
     kl_coef: float = 0.0  # + kl_coef * (log pi - log pi_old)^2 on every token; prime-rl's default loss: 1e-3
 
 
-@POLICY_LOSSES.register("dppo", params=DPPOParams,
+@POLICY_LOSSES.register("dppo", params=DPPOParams, ratio_params=("mask_low", "mask_high", "kl_coef"),
                         invariances=lambda p: _LINEAR if p.kl_coef == 0 else ("permutation",))
 def dppo(logprobs, old_logprobs, advantages, mask, p: DPPOParams, weights=None) -> Tuple[Tensor, Stats]:
     """DPPO, Binary-TV trust region (arXiv 2602.04879; prime-rl's default loss,

@@ -101,6 +101,7 @@ def validate(cfg) -> None:
     _budgets(cfg)
     _loss_and_critic(cfg, estimator)
     _check_staleness(cfg)
+    _ratio_params(cfg)
     _lora(cfg)
     _dry_run(cfg)
 
@@ -240,6 +241,27 @@ def _loss_and_critic(cfg, estimator) -> None:
     if cfg.kl.placement == "reward" and cfg.beta > 0:
         _check("step_rewards" not in estimator.needs,
                f"kl.placement=reward is not defined for advantage={cfg.advantage.name} (step rewards)")
+
+
+def _ratio_params(cfg) -> None:
+    """Warn when the run sets a policy-loss param that acts only through the ratio ``pi / pi_old``
+    (its registered ``ratio_params``) away from its default while every ratio is 1: at ``mu=1`` with
+    ``rollout.staleness=0`` each rollout batch gets one optimizer step from the weights that sampled
+    it, so the old log-probs are the current ones. A warning, not an error: TRL (``num_iterations=1``)
+    and verl (``ppo_epochs=1``, one mini-batch) accept the same settings, and the recipes that name
+    them say what they leave out."""
+    if cfg.mu > 1 or cfg.rollout.staleness > 0:
+        return
+    spec = POLICY_LOSSES.spec(cfg.policy_loss.name)
+    defaults = {f.name: f.default for f in dataclasses.fields(spec.params)}
+    changed = [f"policy_loss.{k}={cfg.policy_loss[k]}" for k in sorted(spec.ratio_params)
+               if cfg.policy_loss[k] != defaults[k]]
+    if changed:
+        one = len(changed) == 1
+        log.warning("%s %s nothing in this run: policy_loss=%s uses %s only through the ratio pi/pi_old, which is 1 "
+                    "at every token with mu=1 and rollout.staleness=0 (one optimizer step per rollout batch); set "
+                    "mu>=2 or rollout.staleness>=1 for %s to act", ", ".join(changed), "changes" if one else "change",
+                    cfg.policy_loss.name, "it" if one else "them", "it" if one else "them")
 
 
 def _lora(cfg) -> None:
