@@ -37,10 +37,15 @@ def _check(cond: bool, msg: str) -> None:
         raise ConfigError(msg)
 
 
+def _changed(node, prefix: str, schema, keys) -> list[str]:
+    """``prefix.key=value`` for each of ``keys`` that ``node`` sets away from its ``schema`` default."""
+    defaults = {f.name: f.default for f in dataclasses.fields(schema)}
+    return [f"{prefix}.{k}={node[k]}" for k in keys if node[k] != defaults[k]]
+
+
 def _unread(node, prefix: str, schema, keys, why: str) -> None:
     """Refuse ``keys`` of ``node`` set away from their ``schema`` defaults: nothing would read them."""
-    defaults = {f.name: f.default for f in dataclasses.fields(schema)}
-    changed = [f"{prefix}.{k}={node[k]}" for k in keys if node[k] != defaults[k]]
+    changed = _changed(node, prefix, schema, keys)
     _check(not changed, f"{', '.join(changed)} is set, but {why}")
 
 
@@ -253,9 +258,7 @@ def _ratio_params(cfg) -> None:
     if cfg.mu > 1 or cfg.rollout.staleness > 0:
         return
     spec = POLICY_LOSSES.spec(cfg.policy_loss.name)
-    defaults = {f.name: f.default for f in dataclasses.fields(spec.params)}
-    changed = [f"policy_loss.{k}={cfg.policy_loss[k]}" for k in sorted(spec.ratio_params)
-               if cfg.policy_loss[k] != defaults[k]]
+    changed = _changed(cfg.policy_loss, "policy_loss", spec.params, sorted(spec.ratio_params))
     if changed:
         one = len(changed) == 1
         log.warning("%s %s nothing in this run: policy_loss=%s uses %s only through the ratio pi/pi_old, which is 1 "
