@@ -214,3 +214,26 @@ def test_a_new_sqlite_store_appears_whole(tmp_path):
     t = Tracker(f"sqlite:///{db}", "grpo-harness")
     assert db.exists() and not list(tmp_path.glob(".mlflow.db.init-*"))
     assert t.client.get_experiment_by_name("grpo-harness") is not None
+
+
+def test_an_adopted_run_keeps_its_params_and_tags_the_values_this_attempt_differs_in(tmp_path, caplog):
+    """The killed attempt logged its params under another commit: MLflow refuses to change a param,
+    so the adopting attempt sends only the new keys (one refused batch would lose them all) and
+    tags the differing value."""
+    from harness.launch.tracking import Tracker
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    record = tmp_path / "ckpt" / "run.json"
+    first = Tracker(uri, "grpo-harness")
+    assert first.open(record, "job") == "new"
+    first.log_params({"lr": 1e-5, "provenance.git.commit": "aaa"})  # then killed before a checkpoint
+    second = Tracker(uri, "grpo-harness")
+    assert second.open(record, "job") == "adopted" and second.run_id == first.run_id
+    with caplog.at_level("INFO", logger="harness.launch.tracking"):
+        second.log_params({"lr": 1e-5, "provenance.git.commit": "bbb", "seed": 7})
+    assert not [r for r in caplog.records if r.levelname == "WARNING"], caplog.text
+    assert "keeps param provenance.git.commit='aaa'" in caplog.text
+    _, runs = _runs(tmp_path)
+    assert runs[0].data.params == {"lr": "1e-05", "provenance.git.commit": "aaa", "seed": "7"}
+    assert runs[0].data.tags["harness.param_now.provenance.git.commit"] == "bbb"
+    assert not any(k.startswith("harness.param_now.lr") for k in runs[0].data.tags)

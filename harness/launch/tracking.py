@@ -136,6 +136,7 @@ class Tracker:
         self.run_id: str | None = None
         self.pending: list = []
         self.logged: set[tuple[str, int]] = set()  # (key, step) already in the store: never sent twice
+        self.held_params: dict[str, str] = {}  # the params a reopened run already holds (MLflow cannot change one)
         self._beat = 0.0
         self._system = None
 
@@ -172,10 +173,12 @@ class Tracker:
                 self.set_tags({**identity, **(tags or {})})
                 self.logged = {(key, m.step) for key in run.data.metrics
                                for m in self.client.get_metric_history(self.run_id, key)}
+                self.held_params = dict(run.data.params)
             else:
                 self.run_id = self.client.create_run(self.experiment_id, run_name=run_name,
                                                      tags={**identity, **(tags or {})}).info.run_id
                 self.logged = set()
+                self.held_params = {}
         except Exception as e:
             raise TrackingError(redact(f"tracking store {self.uri!r}: cannot open run {run_id or 'new'}: {_short(e)}"
                                        f"{_auth_hint(e)}")) from e
@@ -284,10 +287,34 @@ class Tracker:
 
     # ------------------------------------------------------------------ logging
     def log_params(self, params: dict) -> None:
-        """Log params (values stringified, cut at MLflow's 6,000-character limit)."""
-        items = [Param(redact(k), redact(str(v))[:6000]) for k, v in params.items()]
+        """Log params (values stringified, cut at MLflow's 6,000-character limit).
+
+        A reopened run (an attempt adopted after a kill) keeps the params it already holds, as
+        MLflow cannot change a param: one held with the same value is not sent again; one held
+        with another value (the killed attempt ran another commit, say) keeps its first value,
+        and this process's value goes to the tag ``harness.param_now.<key>``, with a log line.
+        """
+        items, differs = [], {}
+        for k, v in params.items():
+            key, value = redact(k), redact(str(v))[:6000]
+            held = self.held_params.get(key)
+            if held is None:
+                items.append(Param(key, value))
+            elif held != value:
+                differs[key] = value
+        for key, value in differs.items():
+            log.info("MLflow run %s keeps param %s=%r of its earlier attempt; this attempt's %r is in tag "
+                     "harness.param_now.%s", self.run_id, key, self.held_params[key], value, key)
+        if differs:
+            self.set_tags({f"harness.param_now.{k}": v for k, v in differs.items()})
         for i in range(0, len(items), 100):
-            self._call(self.client.log_batch, self.run_id, params=items[i : i + 100])
+            batch = items[i : i + 100]
+            try:
+                self.client.log_batch(self.run_id, params=batch)
+            except Exception as e:
+                log.warning("MLflow call log_batch failed: %s", e)
+                continue
+            self.held_params.update((p.key, p.value) for p in batch)
 
     def set_tags(self, tags: dict) -> None:
         self._call(self.client.log_batch, self.run_id,
