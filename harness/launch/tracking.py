@@ -303,8 +303,9 @@ class Tracker:
             elif held != value:
                 differs[key] = value
         for key, value in differs.items():
-            log.info("MLflow run %s keeps param %s=%r of its earlier attempt; this attempt's %r is in tag "
-                     "harness.param_now.%s", self.run_id, key, self.held_params[key], value, key)
+            log.info("MLflow run %s keeps param %s=%r, logged before (an earlier attempt's; MLflow cannot change "
+                     "a param); this process's %r is in tag harness.param_now.%s", self.run_id, key,
+                     self.held_params[key], value, key)
         if differs:
             self.set_tags({f"harness.param_now.{k}": v for k, v in differs.items()})
         for i in range(0, len(items), 100):
